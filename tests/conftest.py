@@ -1,0 +1,87 @@
+"""Shared fixtures: a tiny character-level tokenizer and tiny random Llama models (no download)."""
+
+from __future__ import annotations
+
+import os
+import string
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The embedded model's safetensors copy is cached in the repo (gitignored) so local reruns are fast.
+os.environ.setdefault(
+    "GRPO_PLUGIN_CACHE", str(Path(__file__).resolve().parents[1] / ".cache" / "grpo-plugin")
+)
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def make_tiny_tokenizer():
+    """A character-level fast tokenizer with a ChatML template; ids 0..4 are special."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+    chars = list(string.digits + string.ascii_letters + " +-*/=?.,:;#$%<>()[]{}!'\"\n_")
+    vocab = {tok: i for i, tok in enumerate(specials + chars + ["<unk>"])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def make_tiny_model(tokenizer, seed: int = 0, hidden: int = 32, layers: int = 2):
+    """A tiny random LlamaForCausalLM sized to the tokenizer (fp32, eager-friendly)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    return make_tiny_tokenizer()
+
+
+@pytest.fixture
+def tiny_model(tiny_tokenizer):
+    return make_tiny_model(tiny_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tiny_tokenizer):
+    """A tiny model + tokenizer saved to disk, for code paths that load by path."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    make_tiny_model(tiny_tokenizer).save_pretrained(path)
+    tiny_tokenizer.save_pretrained(path)
+    return path
