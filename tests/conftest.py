@@ -46,8 +46,14 @@ def make_tiny_tokenizer():
     return tok
 
 
-def make_tiny_model(tokenizer, seed: int = 0, hidden: int = 32, layers: int = 2):
-    """A tiny random LlamaForCausalLM sized to the tokenizer (fp32, eager-friendly)."""
+def make_tiny_model(
+    tokenizer, seed: int = 0, hidden: int = 32, layers: int = 2, initializer_range: float = 0.02
+):
+    """A tiny random LlamaForCausalLM sized to the tokenizer (fp32).
+
+    Learning tests raise `initializer_range`: at 0.02 the logits of a width-32 model span < 1 nat, so
+    an adapter that cannot touch the LM head cannot make any token likely.
+    """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -64,6 +70,7 @@ def make_tiny_model(tokenizer, seed: int = 0, hidden: int = 32, layers: int = 2)
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=False,
+        initializer_range=initializer_range,
     )
     return LlamaForCausalLM(config).eval()
 

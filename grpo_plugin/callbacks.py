@@ -1,0 +1,103 @@
+"""User-facing progress and run logs: one rich progress bar, `metrics.jsonl`, completion parquet files.
+
+The Trainer's own tqdm bar and its dict-printing callback are replaced by `RichProgressCallback`,
+which shows step, reward, KL and seconds per step on a single line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+
+def _finite(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+class MetricsJsonlCallback(TrainerCallback):
+    """Append every log (train and eval) as one JSON line to `<output_dir>/metrics.jsonl`."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        path = Path(args.output_dir) / "metrics.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record = {"step": state.global_step, **{k: _finite(v) for k, v in logs.items()}}
+        with path.open("a") as fh:
+            fh.write(json.dumps(record) + "\n")
+
+
+class RichProgressCallback(TrainerCallback):
+    """One progress bar per run: step, mean reward, KL and seconds per optimizer step."""
+
+    def __init__(self) -> None:
+        self.progress = None
+        self.task = None
+        self._last = 0.0
+        self._fields = {"reward": float("nan"), "kl": float("nan"), "sps": float("nan")}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self.progress = Progress(
+            TextColumn("[bold]GRPO"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("reward {task.fields[reward]:.3f}  kl {task.fields[kl]:.4f}"),
+            TextColumn("{task.fields[sps]:.1f} s/step"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+        )
+        self.progress.start()
+        self.task = self.progress.add_task("train", total=state.max_steps, **self._fields)
+        self.progress.update(self.task, completed=state.global_step)
+        self._last = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.progress is None:
+            return
+        now = time.perf_counter()
+        self._fields["sps"] = now - self._last
+        self._last = now
+        self.progress.update(self.task, completed=state.global_step, **self._fields)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.progress is None or not logs:
+            return
+        for key in ("reward", "kl"):
+            if key in logs:
+                self._fields[key] = logs[key]
+        self.progress.update(self.task, **self._fields)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+def write_completions_parquet(path: Path, records: dict[str, list[Any]]) -> Path:
+    """Write one rollout's prompts, completions, rewards and advantages as a parquet table."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    columns = {
+        k: [json.dumps(v) if not isinstance(v, (str, int, float, type(None))) else v for v in vals]
+        for k, vals in records.items()
+    }
+    pq.write_table(pa.table(columns), path)
+    return path
