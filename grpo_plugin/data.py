@@ -44,7 +44,16 @@ LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".cs
 BUILTIN_NAMES = ("arithmetic", "gsm8k")
 _COMMON_KEYS = {"name", "path", "split", "eval_path", "eval_split", "train_size", "eval_size"}
 _KEYS_BY_NAME = {
-    "arithmetic": {"name", "train_size", "eval_size", "seed", "low", "high", "template", "system_prompt"},
+    "arithmetic": {
+        "name",
+        "train_size",
+        "eval_size",
+        "seed",
+        "low",
+        "high",
+        "template",
+        "system_prompt",
+    },
     "gsm8k": _COMMON_KEYS | {"system_prompt"},
     None: _COMMON_KEYS,
 }
@@ -197,7 +206,9 @@ def _check_local_source(path: str, required: list[str]) -> None:
 def validate_dataset_spec(spec: dict[str, Any]) -> None:
     """Check a dataset spec's keys, files and columns without loading any model or dataset."""
     if not isinstance(spec, dict):
-        raise ValueError(f"dataset must be a mapping such as {{'name': 'arithmetic'}}, got {spec!r}")
+        raise ValueError(
+            f"dataset must be a mapping such as {{'name': 'arithmetic'}}, got {spec!r}"
+        )
     name = spec.get("name")
     if name is not None and name not in BUILTIN_NAMES:
         close = difflib.get_close_matches(str(name), BUILTIN_NAMES, n=1)
@@ -226,7 +237,9 @@ def load_prompt_datasets(spec: dict[str, Any]) -> tuple[Dataset, Dataset | None]
     name = spec.get("name")
     train_size, eval_size = spec.get("train_size"), spec.get("eval_size")
     if name == "arithmetic":
-        kwargs = {k: spec[k] for k in ("low", "high", "seed", "template", "system_prompt") if k in spec}
+        kwargs = {
+            k: spec[k] for k in ("low", "high", "seed", "template", "system_prompt") if k in spec
+        }
         n_train = 64 if train_size is None else train_size
         return arithmetic_dataset(n_train, 64 if eval_size is None else eval_size, **kwargs)
     if name == "gsm8k":

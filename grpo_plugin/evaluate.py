@@ -64,7 +64,9 @@ def _trim(row: list[int], eos_ids: set[int]) -> list[int]:
     return row
 
 
-def _generation_config(model, tokenizer, *, sample: bool, max_new_tokens: int, temperature: float, num_return: int):
+def _generation_config(
+    model, tokenizer, *, sample: bool, max_new_tokens: int, temperature: float, num_return: int
+):
     config = copy.deepcopy(model.generation_config)
     config.update(
         max_new_tokens=max_new_tokens,
@@ -104,8 +106,12 @@ def generate_completions(
     finally:
         tokenizer.padding_side = padding_side
     config = _generation_config(
-        model, tokenizer, sample=sample, max_new_tokens=max_new_tokens,
-        temperature=temperature, num_return=num_return,
+        model,
+        tokenizer,
+        sample=sample,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        num_return=num_return,
     )
     out = model.generate(**batch, generation_config=config)  # (B * num_return, P + T)
     completions = out[:, batch["input_ids"].shape[1] :].tolist()  # (B * num_return, T)
@@ -124,7 +130,9 @@ def _rewards(
         for p, text in zip(prompts, texts)
     ]
     columns = {key: [row[key] for row in rows] for key in rows[0] if key != "prompt"}
-    rewards = reward_fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+    rewards = reward_fn(
+        prompts=prompts, completions=completions, completion_ids=completion_ids, **columns
+    )
     if len(rewards) != len(completions):
         raise ValueError(
             f"reward function returned {len(rewards)} rewards for {len(completions)} completions"
@@ -137,8 +145,14 @@ def _is_correct(reward: float | None, threshold: float) -> bool:
 
 
 def _score_batches(
-    model, tokenizer, dataset: Dataset, reward_fn: RewardFn, *, num_return: int,
-    prompts_per_batch: int, **generate_kwargs,
+    model,
+    tokenizer,
+    dataset: Dataset,
+    reward_fn: RewardFn,
+    *,
+    num_return: int,
+    prompts_per_batch: int,
+    **generate_kwargs,
 ) -> list[list[float | None]]:
     """Per prompt, the rewards of its `num_return` completions."""
     per_prompt: list[list[float | None]] = []
@@ -175,7 +189,9 @@ def evaluate(
     The global RNG state and the model's train/eval mode are left as they were.
     """
     if "prompt" not in dataset.column_names:
-        raise ValueError(f"evaluate needs a 'prompt' column; the dataset has {dataset.column_names}")
+        raise ValueError(
+            f"evaluate needs a 'prompt' column; the dataset has {dataset.column_names}"
+        )
     if len(dataset) == 0:
         raise ValueError("evaluate got an empty dataset; give it at least one held-out prompt")
     num_samples = num_samples or k
@@ -185,20 +201,37 @@ def evaluate(
     model.eval()
     try:
         greedy = _score_batches(
-            model, tokenizer, dataset, reward_fn, num_return=1, prompts_per_batch=batch_size,
-            sample=False, max_new_tokens=max_new_tokens,
+            model,
+            tokenizer,
+            dataset,
+            reward_fn,
+            num_return=1,
+            prompts_per_batch=batch_size,
+            sample=False,
+            max_new_tokens=max_new_tokens,
         )
         rewards = [r[0] for r in greedy]
         result: dict[str, float | int] = {
             "n": len(dataset),
             "accuracy": sum(_is_correct(r, success_threshold) for r in rewards) / len(rewards),
-            "mean_reward": sum(r for r in rewards if r is not None and not math.isnan(r)) / len(rewards),
+            "mean_reward": sum(r for r in rewards if r is not None and not math.isnan(r))
+            / len(rewards),
         }
         if k:
             result.update(
-                _pass_at_k_metrics(model, tokenizer, dataset, reward_fn, k, num_samples, seed,
-                                   success_threshold, max_new_tokens=max_new_tokens,
-                                   temperature=temperature, batch_size=batch_size)
+                _pass_at_k_metrics(
+                    model,
+                    tokenizer,
+                    dataset,
+                    reward_fn,
+                    k,
+                    num_samples,
+                    seed,
+                    success_threshold,
+                    max_new_tokens=max_new_tokens,
+                    temperature=temperature,
+                    batch_size=batch_size,
+                )
             )
         return result
     finally:
@@ -206,16 +239,32 @@ def evaluate(
 
 
 def _pass_at_k_metrics(
-    model, tokenizer, dataset, reward_fn, k: int, num_samples: int, seed: int,
-    success_threshold: float, *, max_new_tokens: int, temperature: float, batch_size: int,
+    model,
+    tokenizer,
+    dataset,
+    reward_fn,
+    k: int,
+    num_samples: int,
+    seed: int,
+    success_threshold: float,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    batch_size: int,
 ) -> dict[str, float | int]:
     devices = [model.device] if model.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         sampled = _score_batches(
-            model, tokenizer, dataset, reward_fn, num_return=num_samples,
-            prompts_per_batch=max(1, batch_size // num_samples), sample=True,
-            max_new_tokens=max_new_tokens, temperature=temperature,
+            model,
+            tokenizer,
+            dataset,
+            reward_fn,
+            num_return=num_samples,
+            prompts_per_batch=max(1, batch_size // num_samples),
+            sample=True,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
         )
     estimates = [
         pass_at_k(num_samples, sum(_is_correct(r, success_threshold) for r in rs), k)

@@ -153,10 +153,13 @@ def _completion_hidden(model, tensors, group_size, share_prompt_prefix):
 
 def _chunk_logps(head, hidden, targets, temperature: float, softcap: float | None, entropy: bool):
     """Head + float32 log-softmax + gather for one chunk: `(C, H)` -> `(C,)` log-probs (and entropy)."""
-    logits = head(hidden).float()  # (C, V)
+    logits = head(
+        hidden
+    ).float()  # (C, V); the matmul does not save its output, so in-place is safe
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
-    logits = logits / temperature
+    if temperature != 1.0:
+        logits = logits.div_(temperature)
     log_norm = torch.logsumexp(logits, dim=-1)  # (C,)
     logps = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
     if not entropy:

@@ -135,9 +135,7 @@ def _convert_gguf(gguf: Path, out_dir: Path) -> None:
 
     kwargs = {"gguf_file": gguf.name}
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), dtype=torch.float32, **kwargs
-    )
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), dtype=torch.float32, **kwargs)
     _strip_quantization(model)
     _fix_special_tokens(model, tokenizer)
     model.save_pretrained(out_dir, safe_serialization=True)

@@ -55,18 +55,10 @@ def load_model(name: str, args: Any) -> PreTrainedModel:
 
 def load_tokenizer(model: PreTrainedModel, name: str | None):
     """The tokenizer saved next to the model, left-padded, with a pad token."""
-    from .models import resolve_model_path
+    from .models import prepare_tokenizer, resolve_model_path
 
     source = resolve_model_path(name) if name else model.config.name_or_path
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    return prepare_tokenizer(tokenizer)
-
-
-def prepare_tokenizer(tokenizer):
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
+    return prepare_tokenizer(AutoTokenizer.from_pretrained(source))
 
 
 def wrap_policy(model: PreTrainedModel, peft_config: Any, args: Any) -> PreTrainedModel:

@@ -228,6 +228,26 @@ def _prefill(decoder, unique_ids, unique_mask, group_size, share):
     return logits, cache, int(mask.sum())
 
 
+@dataclass(frozen=True)
+class _Sampling:
+    temperature: float
+    top_p: float
+    top_k: int | None
+    repetition_penalty: float
+    generator: torch.Generator | None
+
+
+def _next_tokens(logits: torch.Tensor, seen: torch.Tensor | None, sampling: _Sampling):
+    """Penalty, then greedy or temperature/top-k/top-p sampling with one uniform per row."""
+    if seen is not None:
+        logits = apply_repetition_penalty(logits, seen, sampling.repetition_penalty)
+    if sampling.temperature == 0:
+        return logits.argmax(dim=-1)
+    filtered = filter_top_k_top_p(logits / sampling.temperature, sampling.top_k, sampling.top_p)
+    uniforms = _draw_uniforms(logits.size(0), sampling.generator, logits.device)
+    return sample_inverse_cdf(filtered, uniforms)
+
+
 def generate_groups(
     model: torch.nn.Module,
     prompt_ids: list[list[int]],
@@ -249,82 +269,37 @@ def generate_groups(
     can feed a forward pass with grad. `pad_token_id=None` falls back to the first eos id (models
     without a pad token). The model's train/eval mode is left as it is.
     """
-    batch = _generate_in_inference_mode(
-        model,
-        prompt_ids,
-        num_generations=num_generations,
-        max_new_tokens=max_new_tokens,
-        eos_token_ids=list(eos_token_ids),
-        pad_token_id=pad_token_id,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        repetition_penalty=repetition_penalty,
-        share_prompt_prefix=share_prompt_prefix,
-        generator=generator,
-    )
+    eos_token_ids = list(eos_token_ids)
+    _validate(prompt_ids, num_generations, max_new_tokens, eos_token_ids, temperature, top_p, top_k, repetition_penalty)  # fmt: skip
+    sampling = _Sampling(temperature, top_p, top_k, repetition_penalty, generator)
+    pad_id = eos_token_ids[0] if pad_token_id is None else int(pad_token_id)
+    keep_bnb_4bit_weights_trainable(model)
+    batch = _generate(model, prompt_ids, num_generations, max_new_tokens, eos_token_ids, pad_id, sampling, share_prompt_prefix)  # fmt: skip
     for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "is_truncated"):
         setattr(batch, name, getattr(batch, name).clone())  # inference tensors -> normal tensors
     return batch
 
 
 @torch.inference_mode()
-def _generate_in_inference_mode(
-    model,
-    prompt_ids,
-    *,
-    num_generations,
-    max_new_tokens,
-    eos_token_ids,
-    pad_token_id,
-    temperature,
-    top_p,
-    top_k,
-    repetition_penalty,
-    share_prompt_prefix,
-    generator,
-) -> RolloutBatch:
-    _validate(
-        prompt_ids,
-        num_generations,
-        max_new_tokens,
-        eos_token_ids,
-        temperature,
-        top_p,
-        top_k,
-        repetition_penalty,
-    )
-    pad_id = eos_token_ids[0] if pad_token_id is None else int(pad_token_id)
-    keep_bnb_4bit_weights_trainable(model)
+def _generate(model, prompt_ids, group, max_new_tokens, eos_token_ids, pad_id, sampling, share):
     device = next(unwrap_model(model).parameters()).device
-    group = num_generations
     unique_ids, unique_mask = left_pad(prompt_ids, pad_id, device)  # (P, Lp)
     ids = unique_ids.repeat_interleave(group, 0)  # (N, Lp)
     mask = unique_mask.repeat_interleave(group, 0)  # (N, Lp)
     decoder = _Decoder(model)
-    logits, cache, prefilled = _prefill(
-        decoder, unique_ids, unique_mask, group, share_prompt_prefix
-    )
+    logits, cache, prefilled = _prefill(decoder, unique_ids, unique_mask, group, share)
 
     rows, vocab = logits.shape
     eos = torch.tensor(eos_token_ids, device=device)
     seen = None
-    if repetition_penalty != 1.0:
+    if sampling.repetition_penalty != 1.0:
         seen = torch.zeros(rows, vocab, dtype=torch.bool, device=device)
         seen.scatter_(1, ids, mask.bool())  # pad columns scatter False: only real tokens count
-    attention = mask
-    positions = mask.sum(-1)  # (N,) position of the first completion token
+    attention, first_position = mask, mask.sum(-1)  # (N, Lp), (N,)
     finished = torch.zeros(rows, dtype=torch.bool, device=device)
     tokens, live = [], []
     for step in range(max_new_tokens):
-        if seen is not None:
-            logits = apply_repetition_penalty(logits, seen, repetition_penalty)
-        if temperature == 0:
-            next_tokens = logits.argmax(dim=-1)
-        else:
-            filtered = filter_top_k_top_p(logits / temperature, top_k, top_p)
-            next_tokens = sample_inverse_cdf(filtered, _draw_uniforms(rows, generator, device))
-        next_tokens = next_tokens.masked_fill(finished, pad_id)  # (N,)
+        next_tokens = _next_tokens(logits, seen, sampling).masked_fill(finished, pad_id)  # (N,)
         tokens.append(next_tokens)
         live.append(~finished)
         finished = finished | torch.isin(next_tokens, eos)
@@ -333,15 +308,14 @@ def _generate_in_inference_mode(
         if seen is not None:
             seen.scatter_(1, next_tokens.unsqueeze(-1), True)
         attention = torch.cat([attention, attention.new_ones(rows, 1)], dim=-1)
-        step_positions = (positions + step).unsqueeze(-1)  # (N, 1)
-        logits, cache = decoder(next_tokens.unsqueeze(-1), attention, step_positions, cache)
+        positions = (first_position + step).unsqueeze(-1)  # (N, 1)
+        logits, cache = decoder(next_tokens.unsqueeze(-1), attention, positions, cache)
 
-    completion_ids = torch.stack(tokens, dim=1)  # (N, Tc)
     completion_mask = torch.stack(live, dim=1).long()  # (N, Tc)
     return RolloutBatch(
         prompt_ids=ids,
         prompt_mask=mask,
-        completion_ids=completion_ids,
+        completion_ids=torch.stack(tokens, dim=1),  # (N, Tc)
         completion_mask=completion_mask,
         is_truncated=~finished,
         num_prefill_tokens=prefilled,

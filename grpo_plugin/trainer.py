@@ -23,7 +23,6 @@ import torch
 from transformers import PreTrainedModel, Trainer
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from . import __version__
 from .batching import (
     PromptBatchSampler,
     identity_collate,
@@ -33,20 +32,20 @@ from .batching import (
 )
 from .callbacks import MetricsJsonlCallback, RichProgressCallback, write_completions_parquet
 from .config import GRPOConfig
-from .dynamic_sampling import ScoredRollout, informative_groups, refill
+from .dynamic_sampling import ScoredRollout, refill
 from .logprobs import completion_logprobs
+from .models import prepare_tokenizer
 from .objectives import group_advantages, policy_loss
 from .policy import (
     build_reference,
     eval_mode,
-    is_peft_model,
     load_model,
     load_tokenizer,
-    prepare_tokenizer,
     reference_mode,
     wrap_policy,
 )
 from .rollout import generate_groups
+from .rollout_metrics import completion_records, reward_metrics, run_summary
 from .scoring import combine_rewards, reward_name, score_completions
 
 logger = logging.getLogger(__name__)
@@ -283,20 +282,10 @@ class GRPOTrainer(Trainer):
         return buffer
 
     def _log_reward_stats(self, s: ScoredRollout) -> None:
-        G, m = self.args.num_generations, self._metrics
-        grouped = s.rewards.view(-1, G)
-        m["reward"].append(torch.nanmean(s.rewards).item())
-        m["reward_std"].append(torch.nanmean(_nanstd(grouped, dim=1)).item())
-        for j, fn in enumerate(self.reward_funcs):
-            col = s.per_func[:, j]
-            m[f"rewards/{reward_name(fn)}/mean"].append(torch.nanmean(col).item())
-            m[f"rewards/{reward_name(fn)}/std"].append(_nanstd(col, dim=0).item())
-        frac_zero = 1.0 - informative_groups(s.rewards, G).float().mean().item()
-        m["frac_reward_zero_std"].append(frac_zero)
-        lengths = s.batch.completion_mask.sum(dim=1).float()
-        m["completions/mean_length"].append(lengths.mean().item())
-        m["completions/clipped_ratio"].append(s.batch.is_truncated.float().mean().item())
-        self._warn_on_zero_std(frac_zero)
+        names = [reward_name(fn) for fn in self.reward_funcs]
+        for key, value in reward_metrics(s, self.args.num_generations, names).items():
+            self._metrics[key].append(value)
+        self._warn_on_zero_std(self._metrics["frac_reward_zero_std"][-1])
 
     def _warn_on_zero_std(self, frac_zero: float) -> None:
         self._zero_std_streak = self._zero_std_streak + 1 if frac_zero >= 1.0 else 0
@@ -310,23 +299,12 @@ class GRPOTrainer(Trainer):
             )
 
     def _write_completions(self, s: ScoredRollout, advantages: torch.Tensor) -> None:
-        G = self.args.num_generations
-        records: dict[str, list] = {
-            "step": [self.state.global_step] * len(s.completions),
-            "prompt": [r["prompt"] for r in s.rows for _ in range(G)],
-            "completion": s.completions,
-            "reward": s.rewards.tolist(),
-            "advantage": advantages.tolist(),
-        }
-        for j, fn in enumerate(self.reward_funcs):
-            records[f"rewards/{reward_name(fn)}"] = s.per_func[:, j].tolist()
-        path = (
-            Path(self.args.output_dir)
-            / "completions"
-            / f"step_{self.state.global_step:05d}.parquet"
-        )
-        if self.is_world_process_zero():
-            write_completions_parquet(path, records)
+        if not self.is_world_process_zero():
+            return
+        names = [reward_name(fn) for fn in self.reward_funcs]
+        records = completion_records(s, advantages, names, self.state.global_step)
+        name = f"step_{self.state.global_step:05d}.parquet"
+        write_completions_parquet(Path(self.args.output_dir) / "completions" / name, records)
 
     # --- loss ----------------------------------------------------------------------------------
     def _logps(self, model, inputs: dict[str, torch.Tensor], entropy: bool = False):
@@ -417,47 +395,16 @@ class GRPOTrainer(Trainer):
             (out / "grpo_run.json").write_text(json.dumps(self.run_summary(), indent=2))
 
     def run_summary(self) -> dict[str, Any]:
-        """The run facts that model cards and `eval.json` readers need (see hub/card)."""
-        from .models import EMBEDDED_HUB_ID, EMBEDDED_NAME
-
-        a, model = self.args, self.accelerator.unwrap_model(self.model)
-        lora = None
-        if is_peft_model(model):
-            cfg = model.peft_config[model.active_adapter]
-            targets = cfg.target_modules
-            lora = {"r": cfg.r, "lora_alpha": cfg.lora_alpha,
-                    "target_modules": sorted(targets) if isinstance(targets, set) else targets}  # fmt: skip
-        name = self.model_name
-        return {
-            "base_model": EMBEDDED_HUB_ID if name == EMBEDDED_NAME else name,
-            "base_model_path": name,
-            "adapter": lora is not None,
-            "load_in_4bit": bool(getattr(model, "is_loaded_in_4bit", False)),
-            "objective": {
-                "loss_type": a.loss_type,
-                "importance_sampling_level": a.importance_sampling_level,
-                "advantage_estimator": a.estimator,
-                "scale_rewards": a.scale_rewards,
-                "num_generations": a.num_generations,
-                "beta": a.beta,
-                "epsilon": a.epsilon,
-                "epsilon_high": a.epsilon_high if a.epsilon_high is not None else a.epsilon,
-                "num_iterations": a.num_iterations,
-                "dynamic_sampling": a.dynamic_sampling,
-            },  # fmt: skip
-            "learning_rate": a.learning_rate,
-            "global_step": self.state.global_step,
-            "max_completion_length": a.max_completion_length,
-            "temperature": a.temperature,
-            "reward_funcs": [
-                {"name": reward_name(f), "weight": float(w)}
-                for f, w in zip(self.reward_funcs, self.reward_weights)
-            ],
-            "datasets": list(getattr(self, "dataset_names", [])),
-            "lora": lora,
-            "license": "apache-2.0" if name == EMBEDDED_NAME else None,
-            "grpo_plugin_version": __version__,
-        }
+        """The run facts that model cards need (`grpo_run.json`)."""
+        model = self.accelerator.unwrap_model(self.model)
+        return run_summary(
+            self.args,
+            model,
+            self.model_name,
+            self.reward_funcs,
+            self.reward_weights,
+            self.state.global_step,
+        )
 
     def push_to_hub(self, repo_id: str | None = None, *, token: str | None = None, **kwargs) -> str:
         """Save, write the model card and publish the output dir (see `grpo_plugin.hub.publish`)."""
@@ -470,9 +417,3 @@ class GRPOTrainer(Trainer):
         if not repo_id:
             raise ValueError("push_to_hub needs repo_id='user/name' (or GRPOConfig.hub_model_id).")
         return publish(self.args.output_dir, repo_id, token=token or self._hub_token, **kwargs)
-
-
-def _nanstd(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """Population std ignoring NaN (0 where fewer than one value)."""
-    mean = torch.nanmean(x, dim=dim, keepdim=True)
-    return torch.nanmean((x - mean) ** 2, dim=dim).sqrt().nan_to_num(0.0)

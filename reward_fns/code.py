@@ -1,33 +1,36 @@
 """``code_tests``: run the completion's Python code against the row's tests in a sandbox.
 
-The code is the last fenced block of the completion (the whole text when there is none). The
-``tests`` column is either stdin/stdout cases (``[{"input", "output"}]``, or
-``{"inputs": [...], "outputs": [...]}``, or that as a JSON string) or a string of Python
-``assert`` statements run after the code. The score is the fraction of tests passed; a
-``tests`` value that cannot be read scores ``None``. Output comparison uses **all** lines
-(trailing spaces and trailing blank lines ignored), unlike open-r1's ``zip`` over a prefix.
+The code is the last fenced block of the completion (the whole text when there is none; an
+unclosed final fence counts). The ``tests`` column is stdin/stdout cases (``[{"input",
+"output"}]``, ``{"inputs": [...], "outputs": [...]}``, or either as JSON text) or a string of
+Python statements run after the code, each ``assert`` being one test. The score is the fraction
+of tests passed; a run that times out or crashes passes none of its tests; ``tests`` that
+cannot be read score ``None``. Outputs are compared on **all** lines (trailing spaces and
+blank lines ignored), not ``zip``-ed over a prefix as in open-r1's checker. Runs go through a
+thread pool of ``2 * os.cpu_count()`` workers (sandbox start-up is partly latency, so 2x
+oversubscription measured ~1.5x faster than one per core on the 2-core CI machine).
 
-Sandbox (one fresh process per stdin/stdout case, one per assert block):
+Sandbox: one fresh process per stdin/stdout case, one per assert block.
 
-- always: own session (``setsid``) and the whole process group killed at the end; wall-clock
-  timeout plus ``RLIMIT_CPU``; ``RLIMIT_AS`` memory cap; ``RLIMIT_NPROC`` process cap;
-  ``RLIMIT_FSIZE`` caps stdout and any file written; stdin is ``/dev/null`` (or the case's
-  input file); environment scrubbed to a minimal ``PATH`` (no ``HF_TOKEN``...); Python runs with
-  ``-I -S`` (no site-packages); a fresh temporary working directory, deleted afterwards.
-- mode ``namespaces`` (root and ``unshare`` from util-linux working; used here and in CI):
-  new network namespace (only a downed loopback: no network at all, not even 127.0.0.1), new
-  mount namespace in which every mount is remounted read-only (and ``nosuid``) except the
-  working directory, new PID namespace with a private ``/proc`` (the host's processes are
-  invisible and unkillable), new IPC/UTS namespaces, and a throwaway uid with no capabilities
-  and ``no_new_privs``, so ``RLIMIT_NPROC`` really binds and a fork bomb stays small.
-- mode ``rlimits`` (fallback when namespaces are unavailable, logged once as a warning):
-  the limits above only. The network and the filesystem (whatever the uid may write) are NOT
-  isolated; when running as root with a world-readable interpreter the code still runs under
-  a throwaway uid, otherwise under ours and a process that calls ``setsid`` can outlive the run.
+- Always: own session (``setsid``), everything it started killed at the end; wall-clock
+  timeout plus ``RLIMIT_CPU``; ``RLIMIT_AS`` memory cap; ``RLIMIT_NPROC``; ``RLIMIT_FSIZE``
+  caps stdout and any file written; stdin is ``/dev/null`` (or the case's input); environment
+  scrubbed to a minimal ``PATH`` (no ``HF_TOKEN``...); ``python -I -S`` (no site-packages);
+  a fresh temporary working directory, deleted afterwards.
+- Mode ``namespaces`` (root and util-linux ``unshare`` working, as on the project's machines):
+  new network namespace (a downed loopback only: no network, not even 127.0.0.1); new mount
+  namespace where every mount is read-only and ``nosuid`` except the working directory; new
+  PID namespace with its own ``/proc`` (host processes are invisible and cannot be signalled);
+  new IPC/UTS namespaces; a throwaway uid with no capabilities and ``no_new_privs``, so
+  ``RLIMIT_NPROC`` really binds and a fork bomb stays small.
+- Mode ``rlimits`` (fallback, logged as a warning): the "always" list only. Network and
+  filesystem are NOT isolated. As root the code still runs under a throwaway uid (it needs a
+  world-readable ``python3``, else this mode refuses); as a normal user it runs as that user,
+  so it may signal that user's processes and a process calling ``setsid`` can outlive the run.
 
-Not defended against: CPU contention with the trainer during the timeout, and a program
-written to forge its own assert results (it shares the harness's interpreter). bubblewrap is
-not used: it is not installed on the project's machines.
+Not defended against: CPU contention during the timeout, and a program written to forge its
+own assert results (it shares the harness's interpreter). bubblewrap is not used: it is not
+installed on the project's machines and ``unshare`` covers the same ground here.
 """
 
 from __future__ import annotations
@@ -108,20 +111,16 @@ try:
 except BaseException:
     pass  # tests still run on whatever was defined; exiting early earns nothing
 body = ast.parse(tests).body
-counted = [isinstance(s, ast.Assert) for s in body] if any(isinstance(s, ast.Assert) for s in body) else None
-ok_all = True
-for i, stmt in enumerate(body):
+asserts = [isinstance(stmt, ast.Assert) for stmt in body]
+results = []
+for stmt in body:  # each assert is one test; other statements (imports, helpers) just run
     try:
         exec(compile(ast.Module([stmt], []), "tests.py", "exec"), scope)
-        ok = True
+        results.append(True)
     except BaseException:
-        ok = False
-    if counted is None:
-        ok_all = ok_all and ok
-    elif counted[i]:
-        os.write(fd, b"P\n" if ok else b"F\n")
-if counted is None:
-    os.write(fd, b"P\n" if ok_all else b"F\n")
+        results.append(False)
+passed = [ok for ok, is_assert in zip(results, asserts) if is_assert] if any(asserts) else [all(results)]
+os.write(fd, b"".join(b"P\n" if ok else b"F\n" for ok in passed))
 """
 
 
@@ -137,6 +136,8 @@ class SandboxLimits:
 
 @dataclass
 class RunResult:
+    """What one sandboxed run left behind (stdout and stderr capped)."""
+
     returncode: int | None
     stdout: str
     timed_out: bool
@@ -228,6 +229,7 @@ def _limits(limits: SandboxLimits) -> dict[str, list[int]]:
 
 
 def _processes_of(uid: int) -> list[int]:
+    """Live (non-zombie) processes whose real uid is ``uid``."""
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -238,7 +240,8 @@ def _processes_of(uid: int) -> list[int]:
         except OSError:
             continue
         match = re.search(r"^Uid:\s+(\d+)", status, re.MULTILINE)
-        if match and int(match.group(1)) == uid:
+        zombie = re.search(r"^State:\s+Z", status, re.MULTILINE)  # dead; init reaps it
+        if match and int(match.group(1)) == uid and not zombie:
             pids.append(int(entry))
     return pids
 
@@ -275,15 +278,18 @@ def _reap(proc: subprocess.Popen[bytes], uid: int | None) -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        if (not stray and uid is not None) or time.monotonic() > deadline:
+        late = time.monotonic() > deadline
+        if not stray or late:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        if proc.poll() is not None and not stray:
-            return
-        if uid is None:
+        if uid is None or late:
             proc.wait()
+            if stray:
+                logger.warning("code_tests sandbox: processes %s outlived their run", stray)
+            return
+        if proc.poll() is not None and not stray:
             return
         time.sleep(0.005)
 
@@ -471,4 +477,4 @@ def code_tests(
     tests = column(columns, "tests", len(texts), "code_tests")
     jobs = [(extract_code(t), parse_tests(x)) for t, x in zip(texts, tests)]
     limits = SandboxLimits(timeout_s, memory_mb, max_processes, max_output_bytes)
-    return score_code(jobs, limits, workers or os.cpu_count() or 1, mode)
+    return score_code(jobs, limits, workers or 2 * (os.cpu_count() or 1), mode)

@@ -124,12 +124,19 @@ class _WorkerPool:
         self.all: set[_Worker] = set()
 
     def acquire(self) -> _Worker:
-        with self.lock:
-            grow = self.idle.empty() and self.started < self.size
+        while True:
+            with self.lock:
+                grow = self.idle.empty() and self.started < self.size
+                if grow:
+                    self.started += 1
             if grow:
-                self.started += 1
-        if not grow:
-            return self.idle.get()
+                return self._start()
+            try:  # poll: a worker killed on timeout frees a slot without an idle worker
+                return self.idle.get(timeout=0.05)
+            except queue.Empty:
+                continue
+
+    def _start(self) -> _Worker:
         try:
             worker = _Worker()
         except BaseException:
@@ -163,8 +170,11 @@ atexit.register(_POOL.shutdown)
 def verify_answer(gold: str, pred: str, timeout: float = 5.0) -> float | None:
     """math-verify equivalence of ``pred`` to ``gold`` (gold first), safe from any thread."""
     worker = _POOL.acquire()
-    reply = worker.ask(gold, pred, timeout)
-    _POOL.release(worker, healthy=reply is not None)
+    reply = None
+    try:
+        reply = worker.ask(gold, pred, timeout)
+    finally:
+        _POOL.release(worker, healthy=reply is not None)
     if reply is None:
         logger.warning("math-verify timed out after %.1fs; scoring 0.0", timeout)
         return 0.0

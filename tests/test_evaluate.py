@@ -55,14 +55,18 @@ class RecordingReward:
         self.good, self.none, self.calls = set(good), set(none), []
 
     def __call__(self, prompts, completions, completion_ids, answer, **kwargs):
-        self.calls.append(dict(prompts=prompts, completions=completions, ids=completion_ids, answer=answer))
+        self.calls.append(
+            dict(prompts=prompts, completions=completions, ids=completion_ids, answer=answer)
+        )
         return [None if a in self.none else float(a in self.good) for a in answer]
 
 
 def test_evaluate_greedy_accuracy_and_reward_contract(tiny_model, tiny_tokenizer):
     reward = RecordingReward(good={"1", "2"}, none={"3"})
     tiny_model.train()
-    result = evaluate(tiny_model, tiny_tokenizer, _chat_dataset(4), reward, k=0, max_new_tokens=5, batch_size=3)
+    result = evaluate(
+        tiny_model, tiny_tokenizer, _chat_dataset(4), reward, k=0, max_new_tokens=5, batch_size=3
+    )
     assert result["n"] == 4 and "pass@0" not in result
     assert result["accuracy"] == pytest.approx(0.5)  # "1","2" right; "3" None -> wrong; "4" wrong
     assert result["mean_reward"] == pytest.approx(0.5)
@@ -78,7 +82,14 @@ def test_evaluate_greedy_accuracy_and_reward_contract(tiny_model, tiny_tokenizer
 def test_evaluate_pass_at_k_counts_samples_per_prompt(tiny_model, tiny_tokenizer):
     reward = RecordingReward(good={"1"})
     result = evaluate(
-        tiny_model, tiny_tokenizer, _chat_dataset(2), reward, k=2, num_samples=4, max_new_tokens=3, batch_size=8
+        tiny_model,
+        tiny_tokenizer,
+        _chat_dataset(2),
+        reward,
+        k=2,
+        num_samples=4,
+        max_new_tokens=3,
+        batch_size=8,
     )
     # prompt "1": all 4 samples right -> 1; prompt "2": none right -> 0
     assert result["pass@2"] == pytest.approx(0.5)
@@ -102,15 +113,17 @@ def test_evaluate_string_prompts_get_string_completions(tiny_model, tiny_tokeniz
 
 
 def test_sampling_is_seeded_and_leaves_global_rng_alone(tiny_model, tiny_tokenizer):
-    completions = []
+    sampled_ids = []
 
-    def reward(prompts, completions_, completion_ids, **kw):
-        completions.append(completion_ids)
+    def reward(prompts, completions, completion_ids, **kw):
+        sampled_ids.append(completion_ids)
         return [0.0] * len(completion_ids)
 
     def run(seed):
-        evaluate(tiny_model, tiny_tokenizer, _chat_dataset(2), _adapt(reward), k=2, max_new_tokens=6, seed=seed)
-        return completions[-1]
+        evaluate(
+            tiny_model, tiny_tokenizer, _chat_dataset(2), reward, k=2, max_new_tokens=6, seed=seed
+        )
+        return sampled_ids[-1]
 
     torch.manual_seed(123)
     before = torch.rand(1)
@@ -121,12 +134,10 @@ def test_sampling_is_seeded_and_leaves_global_rng_alone(tiny_model, tiny_tokeniz
     assert run(seed=1) != first
 
 
-def _adapt(fn):
-    return lambda prompts, completions, completion_ids, **kw: fn(prompts, completions, completion_ids, **kw)
-
-
-def test_generate_completions_trims_after_eos_and_pads_left(tiny_model, tiny_tokenizer, monkeypatch):
-    tiny_tokenizer.padding_side = "right"
+def test_generate_completions_trims_after_eos_and_pads_left(
+    tiny_model, tiny_tokenizer, monkeypatch
+):
+    monkeypatch.setattr(tiny_tokenizer, "padding_side", "right")
     eos = tiny_tokenizer.eos_token_id
     tiny_model.generation_config.eos_token_id = eos
 
@@ -145,11 +156,12 @@ def test_generate_completions_trims_after_eos_and_pads_left(tiny_model, tiny_tok
     assert input_ids[0, 0].item() == tiny_tokenizer.pad_token_id
     assert input_ids[0, -1].item() == tiny_tokenizer.convert_tokens_to_ids("a")
     assert tiny_tokenizer.padding_side == "right", "padding side must be restored"
-    tiny_tokenizer.padding_side = "left"
 
 
 def test_evaluate_rejects_missing_prompt_column(tiny_model, tiny_tokenizer):
     with pytest.raises(ValueError, match="'prompt' column"):
         evaluate(tiny_model, tiny_tokenizer, Dataset.from_dict({"q": ["x"]}), RecordingReward())
     with pytest.raises(ValueError, match="num_samples"):
-        evaluate(tiny_model, tiny_tokenizer, _chat_dataset(1), RecordingReward(), k=4, num_samples=2)
+        evaluate(
+            tiny_model, tiny_tokenizer, _chat_dataset(1), RecordingReward(), k=4, num_samples=2
+        )

@@ -27,15 +27,16 @@ def code_tests(completions, tests, **params):
 
 
 def sandbox_processes() -> list[int]:
-    """Processes running under any throwaway sandbox uid."""
+    """Live processes under any throwaway sandbox uid (zombies are dead: init reaps them)."""
     found = []
     for entry in os.listdir("/proc"):
         try:
             with open(f"/proc/{entry}/status") as f:
-                uid = int(f.read().split("Uid:")[1].split()[0])
+                status = f.read()
+            uid = int(status.split("Uid:")[1].split()[0])
         except (OSError, IndexError, ValueError):
             continue
-        if uid >= code_mod.UID_BASE:
+        if uid >= code_mod.UID_BASE and "State:\tZ" not in status:
             found.append(int(entry))
     return found
 
@@ -135,6 +136,19 @@ def test_hostile_code_is_contained(name):
     assert children_of(os.getpid()) <= before
 
 
+@pytest.mark.parametrize("name", ["fork_bomb", "kill_parent", "kill_everything", "escape_session"])
+def test_rlimits_fallback_also_contains(name):
+    """The no-namespace fallback: fewer walls, but the trainer and the machine stay safe."""
+    if os.geteuid() != 0:
+        pytest.skip("the fallback only drops to a throwaway uid when running as root")
+    before = children_of(os.getpid())
+    start = time.monotonic()
+    assert code_tests([fence(HOSTILE[name])], [ADD_TESTS], sandbox="rlimits") == [0.0]
+    assert time.monotonic() - start < TIMEOUT_S + 2.0
+    assert sandbox_processes() == []
+    assert children_of(os.getpid()) <= before
+
+
 def test_exit_zero_does_not_pass_stdio_case():
     tests = [{"input": "3\n", "output": "6\n"}]
     assert code_tests([fence("import sys\nsys.exit(0)\nprint(6)")], [tests]) == [0.0]
@@ -176,8 +190,13 @@ def test_no_network_even_to_localhost(namespaces_only):
 def test_cannot_write_outside_workdir(namespaces_only, tmp_path):
     tag = uuid.uuid4().hex
     targets = [tmp_path / f"escape-{tag}", f"/tmp/escape-{tag}", f"/dev/shm/escape-{tag}"]
-    lines = [f"try:\n    open({str(t)!r}, 'w').write('x')\n    print('wrote')\nexcept OSError:\n    pass" for t in targets]
-    src = "\n".join(lines) + "\nopen('inside.txt', 'w').write('ok')\nprint(open('inside.txt').read())"
+    lines = [
+        f"try:\n    open({str(t)!r}, 'w').write('x')\n    print('wrote')\nexcept OSError:\n    pass"
+        for t in targets
+    ]
+    src = (
+        "\n".join(lines) + "\nopen('inside.txt', 'w').write('ok')\nprint(open('inside.txt').read())"
+    )
     result = code_mod.run_python({"s.py": src}, ["{dir}/s.py"])
     assert result.stdout.split() == ["ok"]  # only the working directory is writable
     for target in targets:

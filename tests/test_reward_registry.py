@@ -116,7 +116,9 @@ def test_entry_point_plugin_discovered_for_real(tmp_path, monkeypatch):
     info = tmp_path / "acme_rewards-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-rewards\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[grpo_plugin.rewards]\nacme_shout = acme_rewards:shout\n")
+    (info / "entry_points.txt").write_text(
+        "[grpo_plugin.rewards]\nacme_shout = acme_rewards:shout\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     fn = reward_fns.get("acme_shout")
     assert fn(completions=["HI", "hi"]) == [1.0, 0.0]
@@ -157,7 +159,9 @@ def test_async_rewards_stay_awaitable_and_call_reward_runs_both(scratch_names):
 
     assert asyncio.run(inside_running_loop()) == [2.0, 1.0]
     out: dict = {}
-    worker = threading.Thread(target=lambda: out.update(r=reward_fns.call_reward(fn, completions=["a"])))
+    worker = threading.Thread(
+        target=lambda: out.update(r=reward_fns.call_reward(fn, completions=["a"]))
+    )
     worker.start()
     worker.join()
     assert out["r"] == [1.0]
@@ -168,14 +172,21 @@ def test_call_reward_checks_output():
         reward_fns.call_reward(lambda **kw: [1.0], completions=["a", "b"])
     with pytest.raises(TypeError, match="float or None"):
         reward_fns.call_reward(lambda **kw: ["yes"], completions=["a"])
-    assert reward_fns.call_reward(lambda **kw: [1, None, True], completions="abc") == [1.0, None, 1.0]
+    assert reward_fns.call_reward(lambda **kw: [1, None, True], completions="abc") == [
+        1.0,
+        None,
+        1.0,
+    ]
 
 
 def test_completion_text_handles_chat_messages():
     chat = [
         {"role": "assistant", "content": "first"},
         {"role": "user", "content": "more?"},
-        {"role": "assistant", "content": [{"type": "text", "text": "4"}, {"type": "text", "text": "2"}]},
+        {
+            "role": "assistant",
+            "content": [{"type": "text", "text": "4"}, {"type": "text", "text": "2"}],
+        },
     ]
     assert reward_fns.completion_text(chat) == "42"
     assert reward_fns.completion_text([{"role": "user", "content": "u"}]) == "u"
@@ -188,7 +199,9 @@ def test_cli_prints_registry_without_grpo_plugin():
         "import runpy, sys; runpy.run_module('reward_fns', run_name='__main__'); "
         "assert 'grpo_plugin' not in sys.modules, 'reward_fns imported grpo_plugin'"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     for name in BUILTINS:
         assert name in result.stdout

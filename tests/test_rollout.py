@@ -62,7 +62,9 @@ def test_shared_prefix_is_exact_and_prefills_each_prompt_once(tiny_tokenizer, ti
     assert torch.equal(shared.prompt_ids[0], shared.prompt_ids[3])
     assert not torch.equal(shared.completion_ids[0], shared.completion_ids[1])
     logps = [
-        completion_logprobs(tiny_model, b.prompt_ids, b.prompt_mask, b.completion_ids, b.completion_mask)[0]
+        completion_logprobs(
+            tiny_model, b.prompt_ids, b.prompt_mask, b.completion_ids, b.completion_mask
+        )[0]
         for b in (shared, plain)
     ]
     torch.testing.assert_close(logps[0], logps[1], atol=5e-5, rtol=0)
@@ -152,7 +154,9 @@ def test_repetition_penalty_changes_sampling_but_stays_shared_exact(tiny_tokeniz
     shared = _generate(tiny_model, prompts, **opts)
     plain = _generate(tiny_model, prompts, share_prompt_prefix=False, **opts)
     assert torch.equal(shared.completion_ids, plain.completion_ids)
-    greedy = _generate(tiny_model, prompts, num_generations=1, temperature=0.0, repetition_penalty=1e3)
+    greedy = _generate(
+        tiny_model, prompts, num_generations=1, temperature=0.0, repetition_penalty=1e3
+    )
     for row, length in zip(greedy.completion_ids.tolist(), greedy.completion_mask.sum(1).tolist()):
         real = row[:length]  # a huge penalty forbids repeating any token
         assert len(set(real)) == len(real)
@@ -176,7 +180,12 @@ def test_model_without_pad_token_uses_eos_for_padding(tiny_tokenizer):
     free = _generate(model, [[5, 6, 7], [8]], num_generations=1, temperature=0.0)
     eos = int(free.completion_ids[0, 1])
     batch = _generate(
-        model, [[5, 6, 7], [8]], num_generations=1, temperature=0.0, eos_token_ids=[eos], pad_token_id=None
+        model,
+        [[5, 6, 7], [8]],
+        num_generations=1,
+        temperature=0.0,
+        eos_token_ids=[eos],
+        pad_token_id=None,
     )
     assert batch.prompt_ids[1, 0] == eos  # left padding uses the eos id
     hit = batch.completion_ids[0].tolist().index(eos)
@@ -199,12 +208,18 @@ def test_lora_generation_shared_exact(tiny_tokenizer, tiny_model):
     assert not torch.equal(greedy.completion_ids, base.completion_ids)  # the adapter is used
 
 
-def test_4bit_generation_matches_hf_greedy_and_keeps_weights_trainable(tiny_tokenizer, tiny_model_dir):
+def test_4bit_generation_matches_hf_greedy_and_keeps_weights_trainable(
+    tiny_tokenizer, tiny_model_dir
+):
     from bitsandbytes.nn import Linear4bit
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, quantization_config=quant, device_map="cpu")
+    quant = BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32
+    )
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, quantization_config=quant, device_map="cpu"
+    )
     model.eval()
     prompts = _prompts(tiny_tokenizer)
     batch = _generate(model, prompts, num_generations=1, temperature=0.0, max_new_tokens=8)

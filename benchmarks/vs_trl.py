@@ -1,0 +1,509 @@
+"""grpo-plugin's GRPOTrainer vs `trl.GRPOTrainer` (1.16), side by side, on identical work.
+
+    python benchmarks/vs_trl.py                      # short + long, 1 warm-up + 5 measured steps
+    python benchmarks/vs_trl.py --configs short --steps 8 --out bench.json
+    python benchmarks/vs_trl.py --scaling            # our trainer: completion length x G grid
+
+Both trainers run at the same time, each in its own subprocess (so each one's peak RSS is its
+own), in LOCKSTEP: the parent lets one child run one optimizer step while the other waits idle on
+its stdin, then swaps, alternating who goes first. Every measured step of ours therefore has a
+TRL partner step taken seconds apart under the same machine load; the headline is the median of
+these pair-by-pair ratios ours/TRL.
+
+Per step: wall time from `on_step_begin` to `on_step_end`; generate and score seconds (ours: the
+trainer's own `timing/generate_s` / `timing/reward_s` logs; TRL: its `_generate` and
+`_calculate_rewards` methods timed by wrappers on the instance, TRL itself unmodified);
+train = step - generate - score, for both. Generated tokens/s = completion tokens (incl. EOS) /
+generate seconds. Peak RSS = `ru_maxrss` of the child at the end (includes model load).
+
+`--scaling` forces full-length completions by giving our trainer an EOS id outside the vocabulary
+(`trainer.eos_token_ids`), so every row decodes exactly `max_completion_length` tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+PREFIX = "@@BENCH "
+GSM8K_TRAIN = Path(os.environ.get("GSM8K_TRAIN", "/work/shared/data/gsm8k/train.jsonl"))
+CONFIGS = {"short": {"max_new_tokens": 24}, "long": {"max_new_tokens": 64}}
+TARGETS = {"short": {"step": 0.5, "memory": 0.7}, "long": {"step": 0.35, "memory": 0.7}}
+LORA = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": "all-linear"}
+# Settings both trainers get (TRL names; ours uses the same names and meanings).
+SHARED_ARGS = {
+    "num_generations": 8,
+    "per_device_train_batch_size": 16,
+    "gradient_accumulation_steps": 1,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "repetition_penalty": 1.0,
+    "beta": 0.0,
+    "loss_type": "dapo",
+    "scale_rewards": "group",
+    "num_iterations": 1,
+    "epsilon": 0.2,
+    "learning_rate": 1e-5,
+    "gradient_checkpointing": False,
+    "shuffle_dataset": False,  # both walk the dataset in order: the same prompts at each step
+    "logging_steps": 1,
+    "save_strategy": "no",
+    "report_to": "none",
+    "disable_tqdm": True,
+    "dataloader_num_workers": 0,
+    "seed": 0,
+}
+# TRL-only flags: its fastest correct settings for this job.
+TRL_ARGS = {
+    "use_vllm": False,  # no vLLM on CPU; HF `generate` is TRL's other backend
+    "use_transformers_paged": False,
+    "use_liger_kernel": False,
+    "cast_lm_head_to_fp32": False,
+    "mask_truncated_completions": False,
+    "log_completions": False,
+    "min_p": None,
+    "cache_implementation": None,  # dynamic KV cache in `generate`
+}
+
+
+# --- data and reward (identical for both trainers) ---------------------------------------------
+def _last_number(text: str) -> str | None:
+    found = re.findall(r"-?\d[\d,]*\.?\d*", text)
+    return found[-1].replace(",", "").rstrip(".") if found else None
+
+
+def exact_answer_reward(completions: list, answer: list[str], **kwargs: Any) -> list[float]:
+    """1.0 when the completion's last number equals the gold number (after '####' for GSM8K)."""
+    rewards = []
+    for completion, gold in zip(completions, answer):
+        text = completion[-1]["content"] if isinstance(completion, list) else completion
+        rewards.append(float(_last_number(text) == _last_number(gold.split("####")[-1])))
+    return rewards
+
+
+def gsm8k_few_shot_dataset(n_prompts: int, shots: int):
+    """GSM8K chat prompts: system + the first `shots` training examples as turns + a question."""
+    from datasets import Dataset
+
+    from grpo_plugin.data import GSM8K_SYSTEM_PROMPT
+
+    if not GSM8K_TRAIN.is_file():
+        raise ValueError(f"{GSM8K_TRAIN} not found; set GSM8K_TRAIN=/path/to/gsm8k/train.jsonl.")
+    with GSM8K_TRAIN.open() as fh:
+        rows = [json.loads(line) for _, line in zip(range(shots + n_prompts), fh)]
+    context = [{"role": "system", "content": GSM8K_SYSTEM_PROMPT}]
+    for row in rows[:shots]:
+        context += [
+            {"role": "user", "content": row["question"]},
+            {"role": "assistant", "content": row["answer"]},
+        ]
+    questions = rows[shots:]
+    return Dataset.from_dict(
+        {
+            "prompt": [[*context, {"role": "user", "content": r["question"]}] for r in questions],
+            "answer": [r["answer"] for r in questions],
+        }
+    )
+
+
+def build_dataset(config: str, n_prompts: int, shots: int):
+    if config == "short":
+        from grpo_plugin.data import arithmetic_dataset
+
+        return arithmetic_dataset(n_train=max(n_prompts, 8), n_eval=8)[0]
+    return gsm8k_few_shot_dataset(n_prompts, shots)
+
+
+# --- child: one trainer, driven step by step over stdin/stdout ----------------------------------
+def emit(kind: str, **payload: Any) -> None:
+    sys.stdout.write(PREFIX + json.dumps({"kind": kind, **payload}) + "\n")
+    sys.stdout.flush()
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def lockstep_callback(probe: dict[str, float]):
+    """Waits for 'go' before each step; reports each step's timings once the trainer logged it."""
+    from transformers import TrainerCallback
+
+    class Lockstep(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            emit("ready", setup_rss_mb=peak_rss_mb())
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            sys.stdin.readline()
+            probe.update(generate_s=0.0, score_s=0.0, tokens=0.0, start=time.perf_counter())
+
+        def on_step_end(self, args, state, control, **kwargs):
+            probe["step_s"] = time.perf_counter() - probe["start"]
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                emit("step", **step_record(probe, logs, args.per_device_train_batch_size))
+
+    return Lockstep()
+
+
+def step_record(probe: dict[str, float], logs: dict[str, float], rows: int) -> dict[str, float]:
+    if "timing/generate_s" in logs:  # ours logs its own breakdown
+        generate, score = logs["timing/generate_s"], logs["timing/reward_s"]
+        tokens = logs["completions/mean_length"] * rows
+    else:  # TRL: measured by the wrappers in `time_trl_phases`
+        generate, score, tokens = probe["generate_s"], probe["score_s"], probe["tokens"]
+    step = probe["step_s"]
+    return {
+        "step_s": step,
+        "generate_s": generate,
+        "score_s": score,
+        "train_s": step - generate - score,
+        "tokens": tokens,
+        "tokens_per_s": tokens / max(generate, 1e-9),
+        "reward": logs.get("reward", float("nan")),
+    }
+
+
+def time_trl_phases(trainer, probe: dict[str, float]) -> None:
+    """Wrap TRL's generation and reward methods on this instance to time them (TRL untouched)."""
+    generate, rewards = trainer._generate, trainer._calculate_rewards
+
+    def timed_generate(*args, **kwargs):
+        start = time.perf_counter()
+        out = generate(*args, **kwargs)
+        probe["generate_s"] += time.perf_counter() - start
+        probe["tokens"] += sum(len(ids) for ids in out[1])  # out[1]: completion ids per row
+        return out
+
+    def timed_rewards(*args, **kwargs):
+        start = time.perf_counter()
+        out = rewards(*args, **kwargs)
+        probe["score_s"] += time.perf_counter() - start
+        return out
+
+    trainer._generate, trainer._calculate_rewards = timed_generate, timed_rewards
+
+
+def model_init_kwargs(opts) -> dict[str, Any]:
+    import torch
+
+    kwargs: dict[str, Any] = {"dtype": torch.bfloat16 if opts.bf16 else torch.float32}
+    if opts.load_in_4bit:
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=kwargs["dtype"]
+        )
+    return kwargs
+
+
+def build_trainer(opts, dataset, output_dir: str):
+    from peft import LoraConfig
+
+    shared = {
+        **SHARED_ARGS,
+        "num_generations": opts.num_generations,
+        "per_device_train_batch_size": opts.num_generations * opts.prompts_per_step,
+        "max_completion_length": opts.max_new_tokens,
+        "max_steps": opts.warmup + opts.steps,
+        "output_dir": output_dir,
+        "bf16": opts.bf16,
+        "fp16": False,
+        "use_cpu": opts.device == "cpu",
+        "model_init_kwargs": model_init_kwargs(opts),
+    }
+    lora = LoraConfig(task_type="CAUSAL_LM", **LORA)
+    if opts.trainer == "trl":
+        from trl import GRPOConfig, GRPOTrainer
+
+        args = GRPOConfig(**shared, **TRL_ARGS)
+    else:
+        from grpo_plugin import GRPOConfig, GRPOTrainer
+
+        args = GRPOConfig(**shared, share_prompt_prefix=True)
+    return GRPOTrainer(
+        model=opts.model_dir,
+        reward_funcs=[exact_answer_reward],
+        args=args,
+        train_dataset=dataset,
+        peft_config=lora,
+    )
+
+
+def mean_prompt_tokens(tokenizer, dataset, n: int) -> float:
+    texts = [
+        tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
+        for p in dataset["prompt"][:n]
+    ]
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    return sum(lengths) / len(lengths)
+
+
+def run_child(opts) -> None:
+    import torch
+
+    n_prompts = (opts.warmup + opts.steps) * opts.prompts_per_step
+    dataset = build_dataset(opts.config, n_prompts, opts.shots)
+    probe: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as out_dir:
+        trainer = build_trainer(opts, dataset, out_dir)
+        if opts.trainer == "trl":
+            time_trl_phases(trainer, probe)
+        if opts.ignore_eos:
+            trainer.eos_token_ids = [trainer.model.config.vocab_size]  # never sampled
+        trainer.add_callback(lockstep_callback(probe))
+        prompt_tokens = mean_prompt_tokens(trainer.processing_class, dataset, n_prompts)
+        trainer.train()
+    emit(
+        "done",
+        peak_rss_mb=peak_rss_mb(),
+        prompt_tokens=prompt_tokens,
+        threads=torch.get_num_threads(),
+        versions=library_versions(),
+    )
+
+
+def library_versions() -> dict[str, str]:
+    from importlib.metadata import version
+
+    return {name: version(name) for name in ("torch", "transformers", "trl", "peft", "grpo-plugin")}
+
+
+# --- parent: spawn, drive, summarise -----------------------------------------------------------
+class Child:
+    """A benchmark subprocess; stderr goes to `log_path`, protocol lines come on stdout."""
+
+    def __init__(self, opts, trainer: str, log_path: Path, **overrides: Any):
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--trainer", trainer]
+        cmd += child_flags(opts, **overrides)
+        self.name, self.log = trainer, log_path.open("w")
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True
+        )
+
+    def expect(self, kind: str) -> dict[str, Any]:
+        for line in self.proc.stdout:
+            if line.startswith(PREFIX):
+                record = json.loads(line[len(PREFIX) :])
+                if record["kind"] == kind:
+                    return record
+        self.proc.wait()
+        raise RuntimeError(
+            f"{self.name} child exited (code {self.proc.returncode}) before sending {kind!r}; "
+            f"see {self.log.name}"
+        )
+
+    def step(self) -> dict[str, Any]:
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        return self.expect("step")
+
+    def finish(self) -> dict[str, Any]:
+        done = self.expect("done")
+        self.proc.wait()
+        self.log.close()
+        return done
+
+
+def child_flags(opts, **overrides: Any) -> list[str]:
+    switches = [
+        name
+        for name in ("bf16", "load_in_4bit", "ignore_eos")
+        if overrides.pop(name, getattr(opts, name, False))
+    ]
+    values = {
+        "config": opts.config,
+        "model_dir": opts.model_dir,
+        "steps": opts.steps,
+        "warmup": opts.warmup,
+        "shots": opts.shots,
+        "max_new_tokens": opts.max_new_tokens,
+        "num_generations": opts.num_generations,
+        "prompts_per_step": opts.prompts_per_step,
+        "device": opts.device,
+        **overrides,
+    }
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in values.items() if v is not None]
+    return flags + [f"--{name.replace('_', '-')}" for name in switches]
+
+
+def median_of(records: list[dict[str, float]], key: str) -> float:
+    return statistics.median(r[key] for r in records)
+
+
+def summarise(steps: list[dict[str, float]], done: dict[str, Any], ready: dict[str, Any]) -> dict:
+    keys = ("step_s", "generate_s", "score_s", "train_s", "tokens_per_s", "tokens")
+    return {
+        **{f"median_{k}": median_of(steps, k) for k in keys},
+        "peak_rss_mb": done["peak_rss_mb"],
+        "setup_rss_mb": ready["setup_rss_mb"],
+        "prompt_tokens": done["prompt_tokens"],
+        "threads": done["threads"],
+        "steps": steps,
+    }
+
+
+def run_pair(opts, config: str, log_dir: Path) -> dict[str, Any]:
+    """Ours and TRL in lockstep on one config; per-step pairs and their ratios."""
+    new_tokens = opts.max_new_tokens or CONFIGS[config]["max_new_tokens"]
+    children = {
+        name: Child(opts, name, log_dir / f"{config}-{name}.log", config=config,
+                    max_new_tokens=new_tokens)
+        for name in ("ours", "trl")
+    }  # fmt: skip
+    ready = {name: child.expect("ready") for name, child in children.items()}
+    records: dict[str, list] = {"ours": [], "trl": []}
+    for step in range(opts.warmup + opts.steps):
+        order = ("ours", "trl") if step % 2 == 0 else ("trl", "ours")
+        for name in order:
+            records[name].append(children[name].step())
+        print(f"[{config}] step {step}: " + "  ".join(
+            f"{n} {records[n][-1]['step_s']:.2f}s" for n in ("ours", "trl")), flush=True)  # fmt: skip
+    done = {name: child.finish() for name, child in children.items()}
+    measured = {name: recs[opts.warmup :] for name, recs in records.items()}
+    result = {name: summarise(measured[name], done[name], ready[name]) for name in children}
+    pair_ratios = [o["step_s"] / t["step_s"] for o, t in zip(measured["ours"], measured["trl"])]
+    result["ratio"] = {
+        "step_time_pairs": pair_ratios,
+        "step_time": statistics.median(pair_ratios),
+        "peak_memory": result["ours"]["peak_rss_mb"] / result["trl"]["peak_rss_mb"],
+        "tokens_per_s": result["ours"]["median_tokens_per_s"] / result["trl"]["median_tokens_per_s"],
+    }
+    target = TARGETS[config]
+    result["targets"] = {
+        "step_time": target["step"],
+        "peak_memory": target["memory"],
+        "met": result["ratio"]["step_time"] <= target["step"]
+        and result["ratio"]["peak_memory"] <= target["memory"],
+    }
+    result["max_new_tokens"], result["versions"] = new_tokens, done["ours"]["versions"]
+    return result
+
+
+def run_scaling(opts, log_dir: Path) -> list[dict[str, Any]]:
+    """Our trainer alone, full-length completions, over completion length x G."""
+    cells = []
+    for length in opts.lengths:
+        for group in opts.groups:
+            child = Child(opts, "ours", log_dir / f"scaling-L{length}-G{group}.log",
+                          config="short", max_new_tokens=length, num_generations=group,
+                          steps=opts.scaling_steps, ignore_eos=True)  # fmt: skip
+            ready = child.expect("ready")
+            steps = [child.step() for _ in range(opts.warmup + opts.scaling_steps)]
+            cell = summarise(steps[opts.warmup :], child.finish(), ready)
+            cells.append({"max_new_tokens": length, "num_generations": group, **cell})
+            print(f"[scaling] L={length} G={group}: {cell['median_step_s']:.2f} s/step, "
+                  f"{cell['peak_rss_mb']:.0f} MB", flush=True)  # fmt: skip
+    return cells
+
+
+def format_pair_table(results: dict[str, dict]) -> str:
+    head = (f"{'config':<7} {'trainer':<7} {'s/step':>8} {'gen':>7} {'score':>6} {'train':>7} "
+            f"{'tok/s':>7} {'peak MB':>8}  ratio ours/TRL (step, memory)")  # fmt: skip
+    lines = [head, "-" * len(head)]
+    for config, r in results.items():
+        for name in ("ours", "trl"):
+            s = r[name]
+            ratio = ""
+            if name == "ours":
+                ratio = f"  {r['ratio']['step_time']:.2f}x, {r['ratio']['peak_memory']:.2f}x"
+                ratio += "  (targets met)" if r["targets"]["met"] else "  (target MISSED)"
+            lines.append(
+                f"{config:<7} {name:<7} {s['median_step_s']:>8.2f} {s['median_generate_s']:>7.2f} "
+                f"{s['median_score_s']:>6.3f} {s['median_train_s']:>7.2f} "
+                f"{s['median_tokens_per_s']:>7.1f} {s['peak_rss_mb']:>8.0f}{ratio}"
+            )
+    return "\n".join(lines)
+
+
+def format_scaling_table(cells: list[dict]) -> str:
+    lines = [f"{'new tok':>7} {'G':>3} {'rows':>5} {'s/step':>8} {'gen':>7} {'train':>7} {'peak MB':>8}"]
+    for c in cells:
+        lines.append(
+            f"{c['max_new_tokens']:>7} {c['num_generations']:>3} {2 * c['num_generations']:>5} "
+            f"{c['median_step_s']:>8.2f} {c['median_generate_s']:>7.2f} "
+            f"{c['median_train_s']:>7.2f} {c['peak_rss_mb']:>8.0f}"
+        )
+    return "\n".join(lines)
+
+
+def machine_facts() -> dict[str, Any]:
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "loadavg": os.getloadavg(),
+    }
+
+
+def run_parent(opts) -> dict[str, Any]:
+    if opts.model_dir is None:
+        from grpo_plugin.models import EMBEDDED_NAME, resolve_model_path
+
+        opts.model_dir = resolve_model_path(EMBEDDED_NAME)  # one local dir for both trainers
+    out = Path(opts.out)
+    log_dir = out.with_suffix("").with_name(out.stem + "-logs")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"machine_before": machine_facts(), "model_dir": opts.model_dir,
+                              "lora": LORA, "shared_args": SHARED_ARGS, "trl_args": TRL_ARGS,
+                              "warmup_steps": opts.warmup, "measured_steps": opts.steps}  # fmt: skip
+    if opts.scaling:
+        report["scaling"] = run_scaling(opts, log_dir)
+        print(format_scaling_table(report["scaling"]))
+    else:
+        report["results"] = {c: run_pair(opts, c, log_dir) for c in opts.configs}
+        print(format_pair_table(report["results"]))
+    report["machine_after"] = machine_facts()
+    out.write_text(json.dumps(report, indent=2))
+    print(f"wrote {out}")
+    return report
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=["short", "long"])
+    p.add_argument("--model-dir", default=None, help="local model dir (default: embedded SmolLM2)")
+    p.add_argument("--steps", type=int, default=5, help="measured steps per trainer")
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured steps first")
+    p.add_argument("--shots", type=int, default=4, help="GSM8K shots in the long prompt")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="override the config's")
+    p.add_argument("--num-generations", type=int, default=8)
+    p.add_argument("--prompts-per-step", type=int, default=2, help="rows per step = this x G")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--bf16", action="store_true", help="bf16 weights (GPU runs)")
+    p.add_argument("--load-in-4bit", action="store_true", help="NF4 base weights (QLoRA)")
+    p.add_argument("--out", default="benchmarks/results/vs_trl.json")
+    p.add_argument("--scaling", action="store_true", help="our trainer only: length x G grid")
+    p.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 256])
+    p.add_argument("--groups", type=int, nargs="+", default=[4, 8, 16])
+    p.add_argument("--scaling-steps", type=int, default=2)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--trainer", choices=["ours", "trl"], help=argparse.SUPPRESS)
+    p.add_argument("--config", choices=sorted(CONFIGS), help=argparse.SUPPRESS)
+    p.add_argument("--ignore-eos", action="store_true", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+    opts = parse_args(argv)
+    if opts.child:
+        run_child(opts)
+        return None
+    return run_parent(opts)
+
+
+if __name__ == "__main__":
+    main()
