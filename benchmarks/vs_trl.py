@@ -146,10 +146,12 @@ def lockstep_callback(probe: dict[str, float]):
 
         def on_step_begin(self, args, state, control, **kwargs):
             sys.stdin.readline()
-            probe.update(generate_s=0.0, score_s=0.0, tokens=0.0, start=time.perf_counter())
+            probe.update(generate_s=0.0, score_s=0.0, tokens=0.0)
+            probe.update(start=time.perf_counter(), cpu_start=time.process_time())
 
         def on_step_end(self, args, state, control, **kwargs):
             probe["step_s"] = time.perf_counter() - probe["start"]
+            probe["cpu_s"] = time.process_time() - probe["cpu_start"]
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs:
@@ -167,6 +169,7 @@ def step_record(probe: dict[str, float], logs: dict[str, float], rows: int) -> d
     step = probe["step_s"]
     return {
         "step_s": step,
+        "cpu_s": probe["cpu_s"],  # CPU seconds of the whole process (all threads) in the step
         "generate_s": generate,
         "score_s": score,
         "train_s": step - generate - score,
@@ -339,12 +342,17 @@ def child_flags(opts, **overrides: Any) -> list[str]:
     return flags + [f"--{name.replace('_', '-')}" for name in switches]
 
 
+def step_line(name: str, r: dict[str, float]) -> str:
+    return (f"{name} {r['step_s']:.2f}s (gen {r['generate_s']:.2f} score {r['score_s']:.3f} "
+            f"train {r['train_s']:.2f} cpu {r['cpu_s']:.1f} tok {r['tokens']:.0f})")  # fmt: skip
+
+
 def median_of(records: list[dict[str, float]], key: str) -> float:
     return statistics.median(r[key] for r in records)
 
 
 def summarise(steps: list[dict[str, float]], done: dict[str, Any], ready: dict[str, Any]) -> dict:
-    keys = ("step_s", "generate_s", "score_s", "train_s", "tokens_per_s", "tokens")
+    keys = ("step_s", "cpu_s", "generate_s", "score_s", "train_s", "tokens_per_s", "tokens")
     return {
         **{f"median_{k}": median_of(steps, k) for k in keys},
         "peak_rss_mb": done["peak_rss_mb"],
@@ -369,17 +377,20 @@ def run_pair(opts, config: str, log_dir: Path) -> dict[str, Any]:
         order = ("ours", "trl") if step % 2 == 0 else ("trl", "ours")
         for name in order:
             records[name].append(children[name].step())
-        print(f"[{config}] step {step}: " + "  ".join(
-            f"{n} {records[n][-1]['step_s']:.2f}s" for n in ("ours", "trl")), flush=True)  # fmt: skip
+        print(f"[{config}] step {step}: " + "  ".join(step_line(n, records[n][-1])
+                                                    for n in ("ours", "trl")), flush=True)  # fmt: skip
     done = {name: child.finish() for name, child in children.items()}
     measured = {name: recs[opts.warmup :] for name, recs in records.items()}
     result = {name: summarise(measured[name], done[name], ready[name]) for name in children}
     pair_ratios = [o["step_s"] / t["step_s"] for o, t in zip(measured["ours"], measured["trl"])]
+    cpu_ratios = [o["cpu_s"] / t["cpu_s"] for o, t in zip(measured["ours"], measured["trl"])]
     result["ratio"] = {
         "step_time_pairs": pair_ratios,
         "step_time": statistics.median(pair_ratios),
+        "cpu_time": statistics.median(cpu_ratios),
         "peak_memory": result["ours"]["peak_rss_mb"] / result["trl"]["peak_rss_mb"],
-        "tokens_per_s": result["ours"]["median_tokens_per_s"] / result["trl"]["median_tokens_per_s"],
+        "tokens_per_s": result["ours"]["median_tokens_per_s"]
+        / result["trl"]["median_tokens_per_s"],
     }
     target = TARGETS[config]
     result["targets"] = {
@@ -429,7 +440,9 @@ def format_pair_table(results: dict[str, dict]) -> str:
 
 
 def format_scaling_table(cells: list[dict]) -> str:
-    lines = [f"{'new tok':>7} {'G':>3} {'rows':>5} {'s/step':>8} {'gen':>7} {'train':>7} {'peak MB':>8}"]
+    lines = [
+        f"{'new tok':>7} {'G':>3} {'rows':>5} {'s/step':>8} {'gen':>7} {'train':>7} {'peak MB':>8}"
+    ]
     for c in cells:
         lines.append(
             f"{c['max_new_tokens']:>7} {c['num_generations']:>3} {2 * c['num_generations']:>5} "
@@ -464,7 +477,10 @@ def run_parent(opts) -> dict[str, Any]:
         report["scaling"] = run_scaling(opts, log_dir)
         print(format_scaling_table(report["scaling"]))
     else:
-        report["results"] = {c: run_pair(opts, c, log_dir) for c in opts.configs}
+        report["results"] = {}
+        for config in opts.configs:  # the JSON is rewritten after each config
+            report["results"][config] = run_pair(opts, config, log_dir)
+            out.write_text(json.dumps(report, indent=2))
         print(format_pair_table(report["results"]))
     report["machine_after"] = machine_facts()
     out.write_text(json.dumps(report, indent=2))

@@ -10,13 +10,14 @@ and `None` becomes NaN ("not scored"), which the advantage estimators leave out 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import math
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+from reward_fns import is_async_reward
+from reward_fns.registry import run_awaitable
 
 
 class RewardFunctionError(RuntimeError):
@@ -27,12 +28,6 @@ def reward_name(fn: Callable) -> str:
     """The name metrics use: `__name__`, a partial's wrapped name, or the class name."""
     name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", None)
     return name or type(fn).__name__
-
-
-def _is_async(fn: Callable) -> bool:
-    target = getattr(fn, "func", fn)
-    method = type(target).__call__ if not inspect.isfunction(target) else None
-    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(method)
 
 
 def _find_failing_index(fn: Callable, kwargs: dict[str, Any]) -> int | None:
@@ -70,28 +65,6 @@ async def _gather_async(fns: list[Callable], kwargs: dict[str, Any]) -> list[Any
             ) from err
 
     return await asyncio.gather(*(one(fn) for fn in fns))
-
-
-def _run_async(fns: list[Callable], kwargs: dict[str, Any]) -> list[Any]:
-    """Run async rewards concurrently, also when this thread already runs an event loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(_gather_async(fns, kwargs))
-    box: dict[str, Any] = {}
-
-    def worker() -> None:
-        try:
-            box["out"] = asyncio.run(_gather_async(fns, kwargs))
-        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
-            box["err"] = err
-
-    thread = threading.Thread(target=worker)
-    thread.start()
-    thread.join()
-    if "err" in box:
-        raise box["err"]
-    return box["out"]
 
 
 def _to_column(fn: Callable, values: Any, n: int) -> list[float]:
@@ -133,12 +106,12 @@ def score_completions(
     kwargs = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids}
     kwargs.update(columns)
     results: dict[int, Any] = {}
-    async_idx = [i for i, fn in enumerate(reward_funcs) if _is_async(fn)]
+    async_idx = [i for i, fn in enumerate(reward_funcs) if is_async_reward(fn)]
     for i, fn in enumerate(reward_funcs):
         if i not in async_idx:
             results[i] = _run_sync(fn, kwargs)
     if async_idx:
-        outs = _run_async([reward_funcs[i] for i in async_idx], kwargs)
+        outs = run_awaitable(_gather_async([reward_funcs[i] for i in async_idx], kwargs))
         results.update(zip(async_idx, outs))
     matrix = [_to_column(reward_funcs[i], results[i], n) for i in range(len(reward_funcs))]
     return torch.tensor(matrix, dtype=torch.float32).T.reshape(n, len(reward_funcs))  # (N, F)

@@ -382,7 +382,7 @@ class GRPOTrainer(Trainer):
             max_new_tokens=self.args.max_completion_length,
         )  # fmt: skip
         metrics = {f"{metric_key_prefix}_accuracy": result["accuracy"]}
-        self.log(metrics)
+        self.log(dict(metrics))
         self.control = self.callback_handler.on_evaluate(
             self.args, self.state, self.control, metrics
         )

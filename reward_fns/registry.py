@@ -236,12 +236,14 @@ def call_reward(fn: RewardFn, **kwargs: Any) -> list[float | None]:
     """
     result = fn(**kwargs)
     if inspect.isawaitable(result):
-        result = _run_awaitable(result)
+        result = run_awaitable(result)
     expected = len(kwargs["completions"]) if "completions" in kwargs else None
     return check_rewards(result, expected, getattr(fn, "__name__", repr(fn)))
 
 
-def _run_awaitable(awaitable: Any) -> Any:
+def run_awaitable(awaitable: Any) -> Any:
+    """Run an awaitable to completion from sync code, even inside a running event loop."""
+
     async def wrap() -> Any:
         return await awaitable
 

@@ -293,3 +293,18 @@ def test_trl_quickstart_runs_after_changing_the_import(tiny_model_dir, tmp_path)
     exec(compile(script, "trl_quickstart.py", "exec"), scope)
     assert scope["trainer"].state.global_step == 2
     assert type(scope["trainer"]).__module__ == "grpo_plugin.trainer"
+
+
+def test_evaluate_reports_greedy_accuracy(tiny_tokenizer, tmp_path):
+    always_right = lambda prompts, completions, **kw: [1.0] * len(completions)  # noqa: E731
+    trainer = GRPOTrainer(
+        make_tiny_model(tiny_tokenizer),
+        always_right,
+        args=config(tmp_path),
+        train_dataset=SEVEN_DATA,
+        eval_dataset=SEVEN_DATA[:4],
+        processing_class=tiny_tokenizer,
+    )
+    assert trainer.evaluate() == {"eval_accuracy": 1.0}
+    lines = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(lines[-1])["eval_accuracy"] == 1.0
