@@ -44,7 +44,7 @@ from .policy import (
     reference_mode,
     wrap_policy,
 )
-from .rollout import generate_groups
+from .prompts import sample_groups
 from .rollout_metrics import completion_records, reward_metrics, run_summary
 from .scoring import combine_rewards, reward_name, score_completions
 
@@ -145,7 +145,6 @@ class GRPOTrainer(Trainer):
             self.add_callback(RichProgressCallback())
         if self.ref_model is not None:
             self.ref_model.to(self.args.device)
-        self.eos_token_ids = self._eos_ids()
         self._buffer: dict[str, torch.Tensor] | None = None
         self._metrics: dict[str, list[float]] = defaultdict(list)
         self._seen_step, self._micro = -1, 0
@@ -157,12 +156,6 @@ class GRPOTrainer(Trainer):
         )
 
     # --- data ----------------------------------------------------------------------------------
-    def _eos_ids(self) -> list[int]:
-        ids = {self.processing_class.eos_token_id}
-        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
-        ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
-        return sorted(i for i in ids if i is not None)
-
     def _get_train_sampler(self, train_dataset=None) -> PromptBatchSampler:
         dataset = train_dataset if train_dataset is not None else self.train_dataset
         a = self.args
@@ -183,61 +176,29 @@ class GRPOTrainer(Trainer):
         )
 
     # --- rollout -------------------------------------------------------------------------------
-    def _encode_prompts(self, prompts: list[Any]) -> list[list[int]]:
-        tok, limit = self.processing_class, self.args.max_prompt_length
-        encoded = []
-        for prompt in prompts:
-            if isinstance(prompt, list):
-                text = tok.apply_chat_template(
-                    prompt,
-                    tokenize=False,
-                    add_generation_prompt=True,
-                    **(self.args.chat_template_kwargs or {}),
-                )
-                ids = tok(text, add_special_tokens=False)["input_ids"]
-            else:
-                ids = tok(prompt)["input_ids"]
-            encoded.append(ids[-limit:] if limit else ids)
-        return encoded
-
-    def _decode(self, prompts: list[Any], batch) -> tuple[list[Any], list[list[int]]]:
-        ids = [
-            row[m.bool()].tolist() for row, m in zip(batch.completion_ids, batch.completion_mask)
-        ]
-        texts = self.processing_class.batch_decode(ids, skip_special_tokens=True)
-        completions = [
-            [{"role": "assistant", "content": t}] if isinstance(p, list) else t
-            for p, t in zip(prompts, texts)
-        ]
-        return completions, ids
-
     def _generate_and_score(self, rows: list[dict]) -> ScoredRollout:
         a, G = self.args, self.args.num_generations
         t0 = time.perf_counter()
         model = self.accelerator.unwrap_model(self.model)
         with eval_mode(model):
-            batch = generate_groups(
-                model, self._encode_prompts([r["prompt"] for r in rows]),
-                num_generations=G, max_new_tokens=a.max_completion_length,
-                eos_token_ids=self.eos_token_ids, pad_token_id=self.processing_class.pad_token_id,
-                temperature=a.temperature, top_p=a.top_p, top_k=a.top_k or None,
-                repetition_penalty=a.repetition_penalty, share_prompt_prefix=a.share_prompt_prefix,
-                generator=self._rng,
+            s = sample_groups(
+                model, self.processing_class, rows, num_generations=G,
+                max_new_tokens=a.max_completion_length, max_prompt_length=a.max_prompt_length,
+                chat_template_kwargs=a.chat_template_kwargs, temperature=a.temperature,
+                top_p=a.top_p, top_k=a.top_k or None, repetition_penalty=a.repetition_penalty,
+                share_prompt_prefix=a.share_prompt_prefix, generator=self._rng,
             )  # fmt: skip
         t1 = time.perf_counter()
-        prompts = [r["prompt"] for r in rows for _ in range(G)]
-        completions, ids = self._decode(prompts, batch)
-        columns = {k: [r[k] for r in rows for _ in range(G)] for k in rows[0] if k != "prompt"}
         per_func = score_completions(
-            self.reward_funcs, prompts, completions, ids, columns
+            self.reward_funcs, s.prompts, s.completions, s.completion_ids, s.columns
         )  # (N, F)
         self._metrics["timing/generate_s"].append(t1 - t0)
         self._metrics["timing/reward_s"].append(time.perf_counter() - t1)
         self._metrics["generation/tokens_per_s"].append(
-            batch.num_generated_tokens / max(t1 - t0, 1e-9)
+            s.batch.num_generated_tokens / max(t1 - t0, 1e-9)
         )
         rewards = combine_rewards(per_func, self.reward_weights)
-        return ScoredRollout(rows, batch, completions, per_func, rewards)
+        return ScoredRollout(rows, s.batch, s.completions, per_func, rewards)
 
     def _fresh_rows(self, k: int) -> list[dict]:
         idx = torch.randperm(len(self.train_dataset), generator=self._rng)[:k].tolist()

@@ -8,7 +8,7 @@ import pytest
 import torch
 from datasets import Dataset
 
-from grpo_plugin.evaluate import evaluate, generate_completions, pass_at_k
+from grpo_plugin.evaluate import evaluate, pass_at_k
 
 
 @pytest.mark.parametrize(
@@ -134,28 +134,24 @@ def test_sampling_is_seeded_and_leaves_global_rng_alone(tiny_model, tiny_tokeniz
     assert run(seed=1) != first
 
 
-def test_generate_completions_trims_after_eos_and_pads_left(
-    tiny_model, tiny_tokenizer, monkeypatch
-):
-    monkeypatch.setattr(tiny_tokenizer, "padding_side", "right")
+def test_greedy_completions_match_hf_generate(tiny_model, tiny_tokenizer):
+    """Greedy eval runs on our prefix-shared sampler; it must agree with HF's greedy decoding."""
+    dataset = Dataset.from_dict({"prompt": ["a", "abc+1="], "answer": ["x", "y"]})
+    seen = []
+
+    def reward(prompts, completions, completion_ids, **kw):
+        seen.extend(completion_ids)
+        return [0.0] * len(completions)
+
+    evaluate(tiny_model, tiny_tokenizer, dataset, reward, k=0, max_new_tokens=6)
     eos = tiny_tokenizer.eos_token_id
-    tiny_model.generation_config.eos_token_id = eos
-
-    def force_eos_second(module, args, logits):  # (B, T, V): token 0 first, then eos
-        logits = torch.zeros_like(logits)
-        logits[..., 0 if calls.append(1) or len(calls) == 1 else eos] = 1e4
-        return logits
-
-    calls, inputs = [], []
-    tiny_model.lm_head.register_forward_hook(force_eos_second)
-    original = tiny_model.generate
-    monkeypatch.setattr(tiny_model, "generate", lambda **kw: inputs.append(kw) or original(**kw))
-    ids = generate_completions(tiny_model, tiny_tokenizer, ["a", "abc"], max_new_tokens=5)
-    assert ids == [[0, eos], [0, eos]]  # cut after the first eos, padding dropped
-    input_ids = inputs[0]["input_ids"]  # (2, 3): the short prompt is padded on the left
-    assert input_ids[0, 0].item() == tiny_tokenizer.pad_token_id
-    assert input_ids[0, -1].item() == tiny_tokenizer.convert_tokens_to_ids("a")
-    assert tiny_tokenizer.padding_side == "right", "padding side must be restored"
+    for prompt, ids in zip(dataset["prompt"], seen):
+        inputs = tiny_tokenizer(prompt, return_tensors="pt")
+        out = tiny_model.generate(
+            **inputs, max_new_tokens=6, do_sample=False, eos_token_id=eos, pad_token_id=0
+        )[0, inputs["input_ids"].shape[1] :].tolist()
+        expected = out[: out.index(eos) + 1] if eos in out else out
+        assert ids == expected
 
 
 def test_evaluate_rejects_missing_prompt_column(tiny_model, tiny_tokenizer):
