@@ -368,13 +368,20 @@ class GRPOTrainer(Trainer):
         )
 
     def push_to_hub(self, repo_id: str | None = None, *, token: str | None = None, **kwargs) -> str:
-        """Save, write the model card and publish the output dir (see `grpo_plugin.hub.publish`)."""
-        from .card import write_model_card
+        """Save, plot, write the model card and publish the output dir as one commit.
+
+        `kwargs` go to `grpo_plugin.hub.publish` (private, merge, revision, commit_message, ...);
+        the card is the same one `grpo-plugin publish` uploads.
+        """
+        from .card import plot_reward_curve, write_model_card
         from .hub import publish
 
-        self.save_model(self.args.output_dir)
-        write_model_card(self.args.output_dir)
         repo_id = repo_id or self.args.hub_model_id
         if not repo_id:
             raise ValueError("push_to_hub needs repo_id='user/name' (or GRPOConfig.hub_model_id).")
-        return publish(self.args.output_dir, repo_id, token=token or self._hub_token, **kwargs)
+        out = Path(self.args.output_dir)
+        self.save_model(str(out))
+        if (out / "metrics.jsonl").exists():
+            plot_reward_curve(out)
+        write_model_card(out)
+        return publish(out, repo_id, token=token or self._hub_token, **kwargs)

@@ -278,3 +278,36 @@ def test_failed_commit_stores_nothing(trained, hub):
         publish(run_dir, REPO)
     assert hub.commits == [] and not hub.repo_dir(REPO).exists()
     assert digest_tree(run_dir) == before
+
+
+def test_trainer_push_to_hub_publishes_the_same_card(hub, tiny_tokenizer, tmp_path, monkeypatch):
+    from conftest import make_tiny_model
+    from peft import LoraConfig
+
+    from grpo_plugin import GRPOConfig, GRPOTrainer
+
+    monkeypatch.delenv("HF_TOKEN")  # the token only travels through GRPOConfig.hub_token
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "run"), per_device_train_batch_size=8, num_generations=4,
+        max_completion_length=4, max_steps=1, save_strategy="no", disable_tqdm=True,
+        hub_token=TOKEN,
+    )  # fmt: skip
+    trainer = GRPOTrainer(
+        make_tiny_model(tiny_tokenizer),
+        lambda prompts, completions, **kw: [float(len(c)) for c in completions],
+        args=args,
+        train_dataset=[{"prompt": f"{i}+{i}="} for i in range(8)],
+        processing_class=tiny_tokenizer,
+        peft_config=LoraConfig(r=4, target_modules="all-linear"),
+    )
+    trainer.train()
+    trainer.push_to_hub(REPO, commit_message="from the trainer")
+    assert hub.commits[-1]["summary"] == "from the trainer"
+    stored = hub.repo_dir(REPO)
+    assert {"adapter_model.safetensors", "README.md", "reward_curve.png"} <= {
+        p.name for p in stored.iterdir()
+    }
+    card = ModelCard.load(stored / "README.md")
+    assert card.data.library_name == "peft" and "grpo-plugin" in card.data.tags
+    assert any(TOKEN in r.headers.get("authorization", "") for r in hub.requests)
+    assert_token_absent(tmp_path / "run", stored)
