@@ -12,6 +12,7 @@ import pytest
 
 import reward_fns
 from reward_fns import code as code_mod
+from reward_fns import sandbox
 
 TIMEOUT_S = 2.0
 ADD_TESTS = "assert add(1, 2) == 3\nassert add(-1, 1) == 0\nassert add(2, 2) == 4"
@@ -36,7 +37,7 @@ def sandbox_processes() -> list[int]:
             uid = int(status.split("Uid:")[1].split()[0])
         except (OSError, IndexError, ValueError):
             continue
-        if uid >= code_mod.UID_BASE and "State:\tZ" not in status:
+        if uid >= sandbox.UID_BASE and "State:\tZ" not in status:
             found.append(int(entry))
     return found
 
@@ -158,7 +159,7 @@ def test_exit_zero_does_not_pass_stdio_case():
 def test_secrets_are_not_visible(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_super_secret_token")
     src = "import os\nprint(os.environ.get('HF_TOKEN', ''))\nprint(sorted(os.environ))"
-    result = code_mod.run_python({"s.py": src}, ["{dir}/s.py"], limits=code_mod.SandboxLimits(5.0))
+    result = sandbox.run_python({"s.py": src}, ["{dir}/s.py"], limits=sandbox.SandboxLimits(5.0))
     assert result.returncode == 0
     first, names = result.stdout.splitlines()
     assert first == "" and "hf_super_secret_token" not in result.stdout
@@ -167,7 +168,7 @@ def test_secrets_are_not_visible(monkeypatch):
 
 @pytest.fixture
 def namespaces_only():
-    if code_mod.sandbox_mode() != "namespaces":
+    if sandbox.sandbox_mode() != "namespaces":
         pytest.skip("network and filesystem isolation need the 'namespaces' sandbox (unshare)")
 
 
@@ -179,7 +180,7 @@ def test_no_network_even_to_localhost(namespaces_only):
     port = server.getsockname()[1]
     src = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\nprint('connected')"
     try:
-        result = code_mod.run_python({"s.py": src}, ["{dir}/s.py"])
+        result = sandbox.run_python({"s.py": src}, ["{dir}/s.py"])
         assert result.returncode != 0 and "connected" not in result.stdout
         with pytest.raises(TimeoutError):
             server.accept()
@@ -197,7 +198,7 @@ def test_cannot_write_outside_workdir(namespaces_only, tmp_path):
     src = (
         "\n".join(lines) + "\nopen('inside.txt', 'w').write('ok')\nprint(open('inside.txt').read())"
     )
-    result = code_mod.run_python({"s.py": src}, ["{dir}/s.py"])
+    result = sandbox.run_python({"s.py": src}, ["{dir}/s.py"])
     assert result.stdout.split() == ["ok"]  # only the working directory is writable
     for target in targets:
         assert not os.path.exists(target)
