@@ -51,7 +51,7 @@ class GRPOConfig(TrainingArguments):
             "help": "bf16 mixed precision. None: on when the CUDA device supports it, else fp32."
         },
     )
-    report_to: str | list[str] | None = field(
+    report_to: None | str | list[str] = field(
         default="none",
         metadata={"help": "Experiment trackers to report to ('none', 'wandb', ...)."},
     )

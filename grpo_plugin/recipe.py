@@ -20,7 +20,7 @@ import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import yaml
 from transformers import HfArgumentParser
@@ -97,22 +97,9 @@ class Recipe:
     source: str | None = None
 
 
-class _RecipeArgumentParser(HfArgumentParser):
-    """HfArgumentParser that also accepts `X | str | None` unions in any order (it only handles
-    them with None or str second: `str | list[str] | None` raised a TypeError)."""
-
-    @staticmethod
-    def _parse_dataclass_field(parser: argparse.ArgumentParser, field: dataclasses.Field) -> None:
-        args = getattr(field.type, "__args__", ())
-        if type(None) in args and str in args and len(args) > 2:
-            others = tuple(a for a in args if a not in (type(None), str))
-            field.type = Union[(type(None), str, *others)]  # noqa: UP007 - order matters here
-        HfArgumentParser._parse_dataclass_field(parser, field)
-
-
 def recipe_parser(prog: str = "grpo-plugin train RECIPE.yaml") -> HfArgumentParser:
     """The `HfArgumentParser` whose flags (and `--help`) cover every recipe key."""
-    parser = _RecipeArgumentParser((RecipeArguments, GRPOConfig), prog=prog, allow_abbrev=False)
+    parser = HfArgumentParser((RecipeArguments, GRPOConfig), prog=prog, allow_abbrev=False)
     parser.error = _raise_parse_error  # one line, not usage + error
     return parser
 

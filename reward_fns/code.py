@@ -154,3 +154,6 @@ def code_tests(
     jobs = [(extract_code(t), parse_tests(x)) for t, x in zip(texts, tests)]
     limits = SandboxLimits(timeout_s, memory_mb, max_processes, max_output_bytes)
     return score_code(jobs, limits, workers or 2 * (os.cpu_count() or 1), mode)
+
+
+code_tests.required_columns = ("tests",)  # read from **columns; recipes check it

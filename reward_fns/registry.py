@@ -156,6 +156,7 @@ def configure(fn: RewardFn, name: str | None = None, **params: Any) -> RewardFn:
     bound.__name__ = name or getattr(fn, "__name__", type(fn).__name__)  # type: ignore[attr-defined]
     bound.__doc__ = fn.__doc__
     bound.__module__ = getattr(fn, "__module__", None)  # type: ignore[attr-defined]
+    bound.__dict__.update(getattr(fn, "__dict__", {}))  # e.g. `required_columns`
     return bound
 
 

@@ -205,3 +205,9 @@ def test_cli_prints_registry_without_grpo_plugin():
     assert result.returncode == 0, result.stderr
     for name in BUILTINS:
         assert name in result.stdout
+
+
+def test_configured_reward_keeps_name_and_declared_columns():
+    configured = reward_fns.get("code_tests", timeout_s=2.0)
+    assert configured.__name__ == "code_tests"
+    assert configured.required_columns == ("tests",)  # recipes check the dataset has them
