@@ -16,8 +16,9 @@ trainer's own `timing/generate_s` / `timing/reward_s` logs; TRL: its `_generate`
 train = step - generate - score, for both. Generated tokens/s = completion tokens (incl. EOS) /
 generate seconds. Peak RSS = `ru_maxrss` of the child at the end (includes model load).
 
-`--scaling` forces full-length completions by giving our trainer an EOS id outside the vocabulary
-(`trainer.eos_token_ids`), so every row decodes exactly `max_completion_length` tokens.
+`--scaling` forces full-length completions: in that child, `grpo_plugin.rollout.generate_groups`
+is wrapped to receive an EOS id outside the vocabulary, so every row decodes exactly
+`max_completion_length` tokens.
 """
 
 from __future__ import annotations
@@ -245,6 +246,21 @@ def build_trainer(opts, dataset, output_dir: str):
     )
 
 
+def ignore_eos_in_generation(vocab_size: int) -> None:
+    """Make our rollouts decode to full length: EOS becomes an id the sampler never returns."""
+    import grpo_plugin.rollout as rollout
+    import grpo_plugin.trainer as trainer_module
+
+    original = rollout.generate_groups
+
+    def full_length(*args: Any, **kwargs: Any):
+        return original(*args, **{**kwargs, "eos_token_ids": [vocab_size]})
+
+    rollout.generate_groups = full_length
+    if hasattr(trainer_module, "generate_groups"):  # imported by name in some versions
+        trainer_module.generate_groups = full_length
+
+
 def mean_prompt_tokens(tokenizer, dataset, n: int) -> float:
     texts = [
         tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
@@ -265,7 +281,7 @@ def run_child(opts) -> None:
         if opts.trainer == "trl":
             time_trl_phases(trainer, probe)
         if opts.ignore_eos:
-            trainer.eos_token_ids = [trainer.model.config.vocab_size]  # never sampled
+            ignore_eos_in_generation(trainer.model.config.vocab_size)
         trainer.add_callback(lockstep_callback(probe))
         prompt_tokens = mean_prompt_tokens(trainer.processing_class, dataset, n_prompts)
         trainer.train()
@@ -363,25 +379,43 @@ def summarise(steps: list[dict[str, float]], done: dict[str, Any], ready: dict[s
     }
 
 
-def run_pair(opts, config: str, log_dir: Path) -> dict[str, Any]:
-    """Ours and TRL in lockstep on one config; per-step pairs and their ratios."""
-    new_tokens = opts.max_new_tokens or CONFIGS[config]["max_new_tokens"]
-    children = {
-        name: Child(opts, name, log_dir / f"{config}-{name}.log", config=config,
-                    max_new_tokens=new_tokens)
-        for name in ("ours", "trl")
-    }  # fmt: skip
-    ready = {name: child.expect("ready") for name, child in children.items()}
-    records: dict[str, list] = {"ours": [], "trl": []}
+def drive_lockstep(opts, config: str, children: dict[str, Child]) -> dict[str, list]:
+    """One step of each child in turn (who goes first alternates); both stay resident."""
+    records: dict[str, list] = {name: [] for name in children}
     for step in range(opts.warmup + opts.steps):
         order = ("ours", "trl") if step % 2 == 0 else ("trl", "ours")
         for name in order:
             records[name].append(children[name].step())
         print(f"[{config}] step {step}: " + "  ".join(step_line(n, records[n][-1])
                                                     for n in ("ours", "trl")), flush=True)  # fmt: skip
-    done = {name: child.finish() for name, child in children.items()}
+    return records
+
+
+def run_pair(opts, config: str, log_dir: Path) -> dict[str, Any]:
+    """Ours and TRL on one config (lockstep, or one after the other); pairs and their ratios."""
+    new_tokens = opts.max_new_tokens or CONFIGS[config]["max_new_tokens"]
+
+    def spawn(name: str) -> Child:
+        return Child(opts, name, log_dir / f"{config}-{name}.log", config=config,
+                     max_new_tokens=new_tokens)  # fmt: skip
+
+    ready, done, records = {}, {}, {}
+    if opts.sequential:  # only one trainer resident at a time: for jobs near the RAM limit
+        for name in ("ours", "trl"):
+            child = spawn(name)
+            ready[name] = child.expect("ready")
+            records[name] = [child.step() for _ in range(opts.warmup + opts.steps)]
+            for i, r in enumerate(records[name]):
+                print(f"[{config}] step {i}: {step_line(name, r)}", flush=True)
+            done[name] = child.finish()
+    else:
+        children = {name: spawn(name) for name in ("ours", "trl")}
+        ready = {name: child.expect("ready") for name, child in children.items()}
+        records = drive_lockstep(opts, config, children)
+        done = {name: child.finish() for name, child in children.items()}
     measured = {name: recs[opts.warmup :] for name, recs in records.items()}
-    result = {name: summarise(measured[name], done[name], ready[name]) for name in children}
+    result = {name: summarise(measured[name], done[name], ready[name]) for name in records}
+    result["schedule"] = "sequential" if opts.sequential else "lockstep"
     pair_ratios = [o["step_s"] / t["step_s"] for o, t in zip(measured["ours"], measured["trl"])]
     cpu_ratios = [o["cpu_s"] / t["cpu_s"] for o, t in zip(measured["ours"], measured["trl"])]
     result["ratio"] = {
@@ -501,6 +535,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--bf16", action="store_true", help="bf16 weights (GPU runs)")
     p.add_argument("--load-in-4bit", action="store_true", help="NF4 base weights (QLoRA)")
+    p.add_argument("--sequential", action="store_true",
+                   help="run ours, then TRL (one resident at a time) instead of lockstep")  # fmt: skip
     p.add_argument("--out", default="benchmarks/results/vs_trl.json")
     p.add_argument("--scaling", action="store_true", help="our trainer only: length x G grid")
     p.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 256])
