@@ -273,6 +273,9 @@ def mean_prompt_tokens(tokenizer, dataset, n: int) -> float:
 def run_child(opts) -> None:
     import torch
 
+    if opts.memory_limit_gb:  # fail with MemoryError instead of waking the OOM killer
+        limit = int(opts.memory_limit_gb * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     n_prompts = (opts.warmup + opts.steps) * opts.prompts_per_step
     dataset = build_dataset(opts.config, n_prompts, opts.shots)
     probe: dict[str, float] = {}
@@ -325,6 +328,8 @@ class Child:
         )
 
     def step(self) -> dict[str, Any]:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"{self.name} child has exited; see {self.log.name}")
         self.proc.stdin.write("go\n")
         self.proc.stdin.flush()
         return self.expect("step")
@@ -352,6 +357,7 @@ def child_flags(opts, **overrides: Any) -> list[str]:
         "num_generations": opts.num_generations,
         "prompts_per_step": opts.prompts_per_step,
         "device": opts.device,
+        "memory_limit_gb": opts.memory_limit_gb,
         **overrides,
     }
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in values.items() if v is not None]
@@ -403,11 +409,17 @@ def run_pair(opts, config: str, log_dir: Path) -> dict[str, Any]:
     if opts.sequential:  # only one trainer resident at a time: for jobs near the RAM limit
         for name in ("ours", "trl"):
             child = spawn(name)
-            ready[name] = child.expect("ready")
-            records[name] = [child.step() for _ in range(opts.warmup + opts.steps)]
-            for i, r in enumerate(records[name]):
-                print(f"[{config}] step {i}: {step_line(name, r)}", flush=True)
-            done[name] = child.finish()
+            try:
+                ready[name], records[name] = child.expect("ready"), []
+                for i in range(opts.warmup + opts.steps):
+                    records[name].append(child.step())
+                    print(f"[{config}] step {i}: {step_line(name, records[name][-1])}", flush=True)
+                done[name] = child.finish()
+            except RuntimeError as err:  # e.g. MemoryError under --memory-limit-gb
+                print(f"[{config}] {name} FAILED: {err}", flush=True)
+                ok = {n: summarise(r[opts.warmup :], done[n], ready[n]) for n, r in records.items()
+                      if n in done}  # fmt: skip
+                return {**ok, "failed": {name: str(err)}, "partial_steps": records.get(name, [])}
     else:
         children = {name: spawn(name) for name in ("ours", "trl")}
         ready = {name: child.expect("ready") for name, child in children.items()}
@@ -459,6 +471,9 @@ def format_pair_table(results: dict[str, dict]) -> str:
             f"{'tok/s':>7} {'peak MB':>8}  ratio ours/TRL (step, memory)")  # fmt: skip
     lines = [head, "-" * len(head)]
     for config, r in results.items():
+        if "failed" in r:
+            lines.append(f"{config:<7} failed: {r['failed']}")
+            continue
         for name in ("ours", "trl"):
             s = r[name]
             ratio = ""
@@ -537,6 +552,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--load-in-4bit", action="store_true", help="NF4 base weights (QLoRA)")
     p.add_argument("--sequential", action="store_true",
                    help="run ours, then TRL (one resident at a time) instead of lockstep")  # fmt: skip
+    p.add_argument("--memory-limit-gb", type=float, default=None,
+                   help="address-space cap per child (RLIMIT_AS), to protect a shared machine")  # fmt: skip
     p.add_argument("--out", default="benchmarks/results/vs_trl.json")
     p.add_argument("--scaling", action="store_true", help="our trainer only: length x G grid")
     p.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 256])
