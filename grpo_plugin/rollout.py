@@ -211,6 +211,11 @@ def _draw_uniforms(rows: int, generator: torch.Generator | None, device: torch.d
     return torch.rand(rows, generator=generator, device=gen_device).to(device)
 
 
+def _can_select(cache) -> bool:
+    """Whether the KV cache can drop rows (transformers' `batch_select_indices`)."""
+    return callable(getattr(cache, "batch_select_indices", None))
+
+
 def _prefill(decoder, unique_ids, unique_mask, group_size, share):
     """Prefill the prompts; returns `(last_logits (N, V), cache, prefilled_tokens)`."""
     if share:
@@ -295,21 +300,34 @@ def _generate(model, prompt_ids, group, max_new_tokens, eos_token_ids, pad_id, s
     if sampling.repetition_penalty != 1.0:
         seen = torch.zeros(rows, vocab, dtype=torch.bool, device=device)
         seen.scatter_(1, ids, mask.bool())  # pad columns scatter False: only real tokens count
-    attention, first_position = mask, mask.sum(-1)  # (N, Lp), (N,)
-    finished = torch.zeros(rows, dtype=torch.bool, device=device)
+    # The decode loop runs on the `active` rows only: finished rows are dropped from the batch
+    # (and the KV cache) once they make up a quarter of it, so short completions stop costing.
+    active = torch.arange(rows, device=device)  # (A,) row index of each decoded row
+    attention, first_position = mask, mask.sum(-1)  # (A, Lp + t), (A,)
+    finished = torch.zeros(rows, dtype=torch.bool, device=device)  # (N,)
     tokens, live = [], []
     for step in range(max_new_tokens):
-        next_tokens = _next_tokens(logits, seen, sampling).masked_fill(finished, pad_id)  # (N,)
-        tokens.append(next_tokens)
+        picked = _next_tokens(logits, seen, sampling)  # (A,)
+        step_tokens = torch.full((rows,), pad_id, dtype=picked.dtype, device=device)
+        step_tokens[active] = picked
+        step_tokens = step_tokens.masked_fill(finished, pad_id)  # (N,)
+        tokens.append(step_tokens)
         live.append(~finished)
-        finished = finished | torch.isin(next_tokens, eos)
+        finished = finished | torch.isin(step_tokens, eos)
         if bool(finished.all()) or step == max_new_tokens - 1:
             break
+        done = finished[active]  # (A,)
         if seen is not None:
-            seen.scatter_(1, next_tokens.unsqueeze(-1), True)
-        attention = torch.cat([attention, attention.new_ones(rows, 1)], dim=-1)
-        positions = (first_position + step).unsqueeze(-1)  # (N, 1)
-        logits, cache = decoder(next_tokens.unsqueeze(-1), attention, positions, cache)
+            seen.scatter_(1, picked.unsqueeze(-1), True)
+        if int(done.sum()) * 4 >= len(active) and _can_select(cache):
+            keep = (~done).nonzero().squeeze(-1)  # (A',)
+            cache.batch_select_indices(keep)
+            active, attention, first_position = active[keep], attention[keep], first_position[keep]
+            picked = picked[keep]
+            seen = seen[keep] if seen is not None else None
+        attention = torch.cat([attention, attention.new_ones(len(active), 1)], dim=-1)
+        positions = (first_position + step).unsqueeze(-1)  # (A, 1)
+        logits, cache = decoder(picked.unsqueeze(-1), attention, positions, cache)
 
     completion_mask = torch.stack(live, dim=1).long()  # (N, Tc)
     return RolloutBatch(

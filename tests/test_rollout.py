@@ -241,3 +241,25 @@ def test_invalid_arguments_raise_with_a_fix(tiny_model):
         _generate(tiny_model, [[5]], eos_token_ids=[])
     with pytest.raises(ValueError, match="top_p"):
         _generate(tiny_model, [[5]], top_p=0.0)
+
+
+def test_dropping_finished_rows_changes_nothing(tiny_tokenizer, tiny_model, monkeypatch):
+    """Rows that hit EOS leave the decode batch; the tokens must be those of the full batch."""
+    prompts = _prompts(tiny_tokenizer)
+    free = _generate(tiny_model, prompts, num_generations=1, temperature=0.0)
+    # An EOS id that some rows emit early and others late or never: rows finish at different steps.
+    eos = int(free.completion_ids[0, 2])
+    compactions = []
+    monkeypatch.setattr("grpo_plugin.rollout._can_select", lambda c: compactions.append(1) or True)
+    compacted = _generate(
+        tiny_model, prompts, num_generations=2, temperature=0.0, eos_token_ids=[eos]
+    )
+    lengths = compacted.completion_mask.sum(dim=1)
+    assert lengths.min() < lengths.max() and compactions  # rows really were dropped
+    monkeypatch.setattr("grpo_plugin.rollout._can_select", lambda cache: False)
+    full = _generate(tiny_model, prompts, num_generations=2, temperature=0.0, eos_token_ids=[eos])
+    assert torch.equal(compacted.completion_ids, full.completion_ids)
+    assert torch.equal(compacted.completion_mask, full.completion_mask)
+    hf = _hf_greedy(tiny_model, compacted, 10, [eos])
+    masked = hf[:, : compacted.completion_ids.size(1)] * compacted.completion_mask
+    assert torch.equal(masked, compacted.completion_ids * compacted.completion_mask)
