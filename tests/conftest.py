@@ -75,6 +75,16 @@ def make_tiny_model(
     return LlamaForCausalLM(config).eval()
 
 
+def load_script(path: Path, name: str):
+    """Import a script that is not in a package (recipes/*.py, benchmarks/*.py) as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     return make_tiny_tokenizer()

@@ -5,11 +5,11 @@ One step of each trainer on the tiny random model (no speed claim), plus one sca
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 pytest.importorskip("trl")
 HARNESS = Path(__file__).resolve().parents[1] / "benchmarks" / "vs_trl.py"
@@ -17,10 +17,7 @@ HARNESS = Path(__file__).resolve().parents[1] / "benchmarks" / "vs_trl.py"
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("vs_trl", HARNESS)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(HARNESS, "vs_trl")
 
 
 def test_reward_matches_last_number(bench):

@@ -223,12 +223,23 @@ def test_shape_mismatch_raises(tiny_model):
 
 PEAK_RSS_SCRIPT = textwrap.dedent(
     """
-    import json, resource, torch
+    import json, torch
     from transformers import LlamaConfig, LlamaForCausalLM
     from grpo_plugin.logprobs import completion_logprobs
 
+    def status_mib(key):
+        with open("/proc/self/status") as f:
+            line = next(l for l in f if l.startswith(key + ":"))
+        return int(line.split()[1]) / 1024
+
+    def reset_peak():
+        # reset the RSS high-water mark (Linux clear_refs "5"); return the current RSS
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return status_mib("VmRSS")
+
     def peak_mib():
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return status_mib("VmHWM")
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -237,12 +248,13 @@ PEAK_RSS_SCRIPT = textwrap.dedent(
     model = LlamaForCausalLM(cfg)
     prompts = torch.randint(5, 50000, (4, 16)); completions = torch.randint(5, 50000, (4, 240))
     masks = torch.ones_like(prompts), torch.ones_like(completions)
-    base = peak_mib()
+    base = reset_peak()
     logps, _ = completion_logprobs(model, prompts, masks[0], completions, masks[1], chunk_size=64)
     logps.sum().backward()
     chunked = peak_mib() - base
     model.zero_grad(set_to_none=True)
-    # runs second: ru_maxrss is a running max, and the naive peak is the larger one
+    del logps
+    base = reset_peak()
     logits = model(input_ids=torch.cat([prompts, completions], 1)).logits[:, 15:-1].float()
     logps = logits.log_softmax(-1).gather(-1, completions.unsqueeze(-1)).squeeze(-1)
     logps.sum().backward()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import time
@@ -11,16 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import load_script
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "toy_arithmetic.py"
 
 
 @pytest.fixture(scope="module")
 def toy():
-    spec = importlib.util.spec_from_file_location("toy_arithmetic", RECIPE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(RECIPE, "toy_arithmetic")
 
 
 def test_arithmetic_reward_is_exact_match(toy):
