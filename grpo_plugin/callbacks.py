@@ -39,7 +39,8 @@ class RichProgressCallback(TrainerCallback):
         self.progress = None
         self.task = None
         self._last = 0.0
-        self._fields = {"reward": float("nan"), "kl": float("nan"), "sps": float("nan")}
+        # Preformatted strings: KL stays "-" when beta == 0 (no reference, nothing to show).
+        self._fields = {"reward": "-", "kl": "-", "sps": "-"}
 
     def on_train_begin(self, args, state, control, **kwargs):
         if not state.is_world_process_zero:
@@ -57,8 +58,8 @@ class RichProgressCallback(TrainerCallback):
             TextColumn("[bold]GRPO"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("reward {task.fields[reward]:.3f}  kl {task.fields[kl]:.4f}"),
-            TextColumn("{task.fields[sps]:.1f} s/step"),
+            TextColumn("reward {task.fields[reward]}  kl {task.fields[kl]}"),
+            TextColumn("{task.fields[sps]} s/step"),
             TimeElapsedColumn(),
             console=Console(stderr=True),
         )
@@ -71,16 +72,16 @@ class RichProgressCallback(TrainerCallback):
         if self.progress is None:
             return
         now = time.perf_counter()
-        self._fields["sps"] = now - self._last
+        self._fields["sps"] = f"{now - self._last:.1f}"
         self._last = now
         self.progress.update(self.task, completed=state.global_step, **self._fields)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.progress is None or not logs:
             return
-        for key in ("reward", "kl"):
-            if key in logs:
-                self._fields[key] = logs[key]
+        for key, fmt in (("reward", "{:.3f}"), ("kl", "{:.4f}")):
+            if logs.get(key) is not None:
+                self._fields[key] = fmt.format(logs[key])
         self.progress.update(self.task, **self._fields)
 
     def on_train_end(self, args, state, control, **kwargs):
