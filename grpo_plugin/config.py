@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from transformers import TrainingArguments
 
-LOSS_TYPES = ("grpo", "dapo", "dr_grpo")
-IMPORTANCE_LEVELS = ("token", "sequence")
+from .objectives import ESTIMATORS, LOSS_TYPES
+from .objectives import IMPORTANCE_SAMPLING_LEVELS as IMPORTANCE_LEVELS
+
 SCALE_REWARDS = ("group", "batch", "none")
-ESTIMATORS = ("grpo", "dr_grpo", "rloo", "batch")
 # scale_rewards (TRL's knob) -> our advantage estimator.
 _SCALE_TO_ESTIMATOR = {"group": "grpo", "batch": "batch", "none": "dr_grpo"}
 
