@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel, Trainer
+from transformers import PreTrainedModel, Trainer, set_seed
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from .batching import (
@@ -123,6 +123,7 @@ class GRPOTrainer(Trainer):
         )
         processing_class = prepare_tokenizer(tokenizer)
         self.model_name = str(model_name)
+        set_seed(args.seed)  # LoRA initialisation draws from the global RNG: seed it first
         model = wrap_policy(model, peft_config, args)
         self.ref_model = build_reference(model, args.beta)
         self._hub_token, args.hub_token = args.hub_token, None  # never saved with the args
