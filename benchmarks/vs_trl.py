@@ -16,7 +16,7 @@ trainer's own `timing/generate_s` / `timing/reward_s` logs; TRL: its `_generate`
 train = step - generate - score, for both. Generated tokens/s = completion tokens (incl. EOS) /
 generate seconds. Peak RSS = `ru_maxrss` of the child at the end (includes model load).
 
-`--scaling` forces full-length completions: in that child, `grpo_plugin.rollout.generate_groups`
+`--scaling` forces full-length completions: in that child, `grpo_plugin.rollout.prompts.eos_token_ids`
 is wrapped to receive an EOS id outside the vocabulary, so every row decodes exactly
 `max_completion_length` tokens.
 """
@@ -98,7 +98,7 @@ def gsm8k_few_shot_dataset(n_prompts: int, shots: int):
     """GSM8K chat prompts: system + the first `shots` training examples as turns + a question."""
     from datasets import Dataset
 
-    from grpo_plugin.data import GSM8K_SYSTEM_PROMPT
+    from grpo_plugin.app.data import GSM8K_SYSTEM_PROMPT
 
     if not GSM8K_TRAIN.is_file():
         raise ValueError(f"{GSM8K_TRAIN} not found; set GSM8K_TRAIN=/path/to/gsm8k/train.jsonl.")
@@ -121,7 +121,7 @@ def gsm8k_few_shot_dataset(n_prompts: int, shots: int):
 
 def build_dataset(config: str, n_prompts: int, shots: int):
     if config == "short":
-        from grpo_plugin.data import arithmetic_dataset
+        from grpo_plugin.app.data import arithmetic_dataset
 
         return arithmetic_dataset(n_train=max(n_prompts, 8), n_eval=8)[0]
     return gsm8k_few_shot_dataset(n_prompts, shots)
@@ -248,17 +248,9 @@ def build_trainer(opts, dataset, output_dir: str):
 
 def ignore_eos_in_generation(vocab_size: int) -> None:
     """Make our rollouts decode to full length: EOS becomes an id the sampler never returns."""
-    import grpo_plugin.rollout as rollout
-    import grpo_plugin.trainer as trainer_module
+    import grpo_plugin.rollout.prompts as prompts
 
-    original = rollout.generate_groups
-
-    def full_length(*args: Any, **kwargs: Any):
-        return original(*args, **{**kwargs, "eos_token_ids": [vocab_size]})
-
-    rollout.generate_groups = full_length
-    if hasattr(trainer_module, "generate_groups"):  # imported by name in some versions
-        trainer_module.generate_groups = full_length
+    prompts.eos_token_ids = lambda model, tokenizer: [vocab_size]
 
 
 def mean_prompt_tokens(tokenizer, dataset, n: int) -> float:

@@ -1,28 +1,57 @@
 """grpo-plugin: GRPO-family RL with verifiable rewards, as a TRL-style trainer.
 
-`from grpo_plugin import GRPOConfig, GRPOTrainer` mirrors `trl`. The heavy imports are lazy so
-that `grpo_plugin.objectives` stays a light, pure-torch module.
+`from grpo_plugin import GRPOConfig, GRPOTrainer` mirrors `trl`. The package has three layers,
+each a folder (see the README's architecture section):
+
+- `core/`: pure torch: the objectives, completion log-probs, batching;
+- `rollout/`: group sampling: the decode loop, prompts in and completions out, dynamic sampling,
+  and the rollout's types (`rollout/types.py`);
+- `training/`: the trainer and its glue: config, policy loading, scoring, metrics, the run dir;
+- `app/`: recipes, data, the recipe pipeline, the model card and the Hub; `cli.py` parses.
+
+Imports are lazy so that `grpo_plugin.core.objectives` stays a light, pure-torch module.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
-__all__ = ["GRPOConfig", "GRPOTrainer", "__version__"]
+from ._version import __version__
+
+_EXPORTS = {
+    "GRPOConfig": "grpo_plugin.training.config",
+    "GRPOTrainer": "grpo_plugin.training.trainer",
+    "load_policy": "grpo_plugin.training.policy",
+    "evaluate": "grpo_plugin.training.evaluation",
+    "run_recipe": "grpo_plugin.app.pipeline",
+    "load_recipe": "grpo_plugin.app.recipe",
+    "arithmetic_dataset": "grpo_plugin.app.data",
+    "gsm8k_dataset": "grpo_plugin.app.data",
+}
+__all__ = [
+    "GRPOConfig",
+    "GRPOTrainer",
+    "__version__",
+    "arithmetic_dataset",
+    "evaluate",
+    "gsm8k_dataset",
+    "load_policy",
+    "load_recipe",
+    "run_recipe",
+]
 
 if TYPE_CHECKING:
-    from .config import GRPOConfig
-    from .trainer import GRPOTrainer
+    from .app.data import arithmetic_dataset, gsm8k_dataset
+    from .app.pipeline import run_recipe
+    from .app.recipe import load_recipe
+    from .training.config import GRPOConfig
+    from .training.evaluation import evaluate
+    from .training.policy import load_policy
+    from .training.trainer import GRPOTrainer
 
 
 def __getattr__(name: str):
-    if name == "GRPOConfig":
-        from .config import GRPOConfig
-
-        return GRPOConfig
-    if name == "GRPOTrainer":
-        from .trainer import GRPOTrainer
-
-        return GRPOTrainer
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'grpo_plugin' has no attribute {name!r}")

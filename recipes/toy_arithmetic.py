@@ -1,10 +1,10 @@
-"""The seed's tiny categorical GRPO run (listing 37.4), rebuilt on ``grpo_plugin.objectives``.
+"""GRPO at its smallest: a tabular categorical policy learns two sums, on ``grpo_plugin.core.objectives``.
 
 Two prompts, (1, 2) and (2, 3), each with three candidate answers. The policy is a table of
 logits (one categorical per prompt) that starts uniform; every step samples the whole group
 (all three candidates), scores it with the exact-sum verifier, and takes one SGD step on
-``policy_loss`` against a uniform frozen reference. It departs from the seed only in that
-autograd computes the gradient the seed derives by hand.
+``policy_loss`` against a uniform frozen reference. Autograd computes the gradient that a
+hand-written tabular implementation would derive in closed form.
 
     python recipes/toy_arithmetic.py            # prints P(correct) per prompt; exit 1 if < 0.9
 """
@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 import torch
 
-from grpo_plugin.objectives import group_advantages, objective_name, policy_loss
+from grpo_plugin.core.objectives import group_advantages, objective_name, policy_loss
 
 PROMPTS = [(1, 2), (2, 3)]
 ANSWERS = [["3", "4", "2"], ["5", "4", "6"]]
@@ -69,7 +69,7 @@ def train_toy_policy(
             logps = torch.log_softmax(logits, dim=-1)[prompt_of, actions].unsqueeze(-1)  # (N, 1)
             loss, _ = policy_loss(
                 logps,
-                None,  # on-policy: one update per sampled group, like the seed
+                None,  # on-policy: one update per sampled group
                 ref_logps.unsqueeze(-1),
                 advantages,
                 mask,

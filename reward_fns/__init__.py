@@ -23,6 +23,7 @@ from reward_fns.registry import (
     is_async_reward,
     register,
     resolve,
+    reward_name,
     unregister,
 )
 
@@ -39,5 +40,6 @@ __all__ = [
     "is_async_reward",
     "register",
     "resolve",
+    "reward_name",
     "unregister",
 ]

@@ -144,6 +144,13 @@ def _lookup(name: str) -> RewardFn:
     )
 
 
+def reward_name(fn: RewardFn) -> str:
+    """The one name of a reward in metrics, logs and cards: ``__name__``, a partial's wrapped
+    function's name, or the class name of a callable object."""
+    name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", None)
+    return name or type(fn).__name__
+
+
 def configure(fn: RewardFn, name: str | None = None, **params: Any) -> RewardFn:
     """Bind keyword ``params`` to ``fn``; the result keeps ``fn``'s ``__name__``.
 
@@ -153,7 +160,7 @@ def configure(fn: RewardFn, name: str | None = None, **params: Any) -> RewardFn:
         return fn
     _check_params(fn, params)
     bound = functools.partial(fn, **params)
-    bound.__name__ = name or getattr(fn, "__name__", type(fn).__name__)  # type: ignore[attr-defined]
+    bound.__name__ = name or reward_name(fn)  # type: ignore[attr-defined]
     bound.__doc__ = fn.__doc__
     bound.__module__ = getattr(fn, "__module__", None)  # type: ignore[attr-defined]
     bound.__dict__.update(getattr(fn, "__dict__", {}))  # e.g. `required_columns`
@@ -174,8 +181,7 @@ def _check_params(fn: RewardFn, params: dict[str, Any]) -> None:
     unknown = sorted(set(params) - named)
     if unknown:
         raise TypeError(
-            f"reward {getattr(fn, '__name__', fn)!r} has no parameter(s) {unknown}; "
-            f"it accepts: {sorted(named)}"
+            f"reward {reward_name(fn)!r} has no parameter(s) {unknown}; it accepts: {sorted(named)}"
         )
 
 
@@ -239,7 +245,7 @@ def call_reward(fn: RewardFn, **kwargs: Any) -> list[float | None]:
     if inspect.isawaitable(result):
         result = run_awaitable(result)
     expected = len(kwargs["completions"]) if "completions" in kwargs else None
-    return check_rewards(result, expected, getattr(fn, "__name__", repr(fn)))
+    return check_rewards(result, expected, reward_name(fn))
 
 
 def run_awaitable(awaitable: Any) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import string
 from pathlib import Path
@@ -16,6 +17,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault(
     "GRPO_PLUGIN_CACHE", str(Path(__file__).resolve().parents[1] / ".cache" / "grpo-plugin")
 )
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# The real GSM8K data lives beside the checkout (../shared), not in the public repository.
+GSM8K_DIR = REPO_ROOT.parent / "shared" / "data" / "gsm8k"
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
@@ -101,4 +106,64 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer):
     path = tmp_path_factory.mktemp("tiny-llama")
     make_tiny_model(tiny_tokenizer).save_pretrained(path)
     tiny_tokenizer.save_pretrained(path)
+    return path
+
+
+# ----------------------------------------------------------------------------- run dirs
+
+RUN_INFO = {
+    "base_model": "test-org/tiny-llama",
+    "base_model_path": "/nonexistent/tiny-llama",
+    "adapter": True,
+    "load_in_4bit": False,
+    "objective": {
+        "loss_type": "dapo",
+        "importance_sampling_level": "token",
+        "advantage_estimator": "grpo",
+        "scale_rewards": "group",
+        "num_generations": 8,
+        "beta": 0.0,
+        "epsilon": 0.2,
+        "epsilon_high": 0.28,
+        "num_iterations": 1,
+        "dynamic_sampling": False,
+    },
+    "learning_rate": 2e-4,
+    "global_step": 40,
+    "max_completion_length": 24,
+    "temperature": 1.0,
+    "reward_funcs": [{"name": "last_integer", "weight": 1.0}, {"name": "format", "weight": 0.5}],
+    "datasets": ["openai/gsm8k"],
+    "lora": {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"},
+    "license": "apache-2.0",
+    "grpo_plugin_version": "0.1.0",
+}
+EVAL = {
+    "dataset": "openai/gsm8k",
+    "reward": "last_integer",
+    "before": {"accuracy": 0.4375, "pass@8": 0.875, "n": 64},
+    "after": {"accuracy": 0.71875, "pass@8": 0.90625, "n": 64},
+}
+
+
+def write_run_files(path, run_info=RUN_INFO, evaluation=EVAL, steps=40):
+    """grpo_run.json, eval.json and metrics.jsonl (reward climbing 0.2 -> 0.59, eval at step 20)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "grpo_run.json").write_text(json.dumps(run_info))
+    if evaluation is not None:
+        (path / "eval.json").write_text(json.dumps(evaluation))
+    rows = [{"step": s, "reward": 0.2 + 0.01 * s, "kl": 0.0} for s in range(1, steps + 1)]
+    rows[19]["eval/accuracy"] = 0.5
+    lines = [json.dumps(r) for r in rows] + ['{"step": 41, "rew']  # a truncated last line
+    (path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """A run dir with hand-written run files and its curve."""
+    from grpo_plugin.app.plot import plot_reward_curve
+
+    path = write_run_files(tmp_path / "run")
+    plot_reward_curve(path)
     return path

@@ -1,21 +1,15 @@
-"""Model loading: name resolution, the embedded-model cache, LoRA and 4-bit wrapping."""
+"""The embedded model: name resolution, the converted cache, and the real model answering."""
 
 from __future__ import annotations
 
 import importlib.metadata
-import time
 
 import pytest
 import torch
 
 from grpo_plugin import models
-from grpo_plugin.models import (
-    EMBEDDED_NAME,
-    default_dtype,
-    load_policy,
-    prepare_tokenizer,
-    resolve_model_path,
-)
+from grpo_plugin.models import EMBEDDED_NAME, resolve_model_path
+from grpo_plugin.training.policy import load_policy
 
 
 def test_resolve_passes_paths_and_hub_ids_through(tmp_path):
@@ -74,82 +68,10 @@ def test_conversion_runs_once_then_cache_is_reused(empty_cache, monkeypatch, tmp
     assert sorted(p.name for p in empty_cache.iterdir()) == ["smollm2-135m-instruct"]
 
 
-def test_default_dtype_is_fp32_on_cpu():
-    if not torch.cuda.is_available():
-        assert default_dtype() == torch.float32
-
-
-def test_prepare_tokenizer_pads_left_and_falls_back_to_eos():
-    from conftest import make_tiny_tokenizer
-
-    tok = make_tiny_tokenizer()
-    tok.pad_token = None
-    prepare_tokenizer(tok)
-    assert tok.padding_side == "left"
-    assert tok.pad_token_id == tok.eos_token_id == 2
-
-
-def test_load_policy_plain(tiny_model_dir):
-    model, tokenizer = load_policy(str(tiny_model_dir))
-    assert model.dtype == torch.float32
-    assert tokenizer.padding_side == "left" and tokenizer.pad_token_id == 0
-    assert all(p.requires_grad for p in model.parameters())
-
-
-def _trainable_names(model):
-    return [n for n, p in model.named_parameters() if p.requires_grad]
-
-
-def test_load_policy_lora_dict_trains_only_adapters_on_all_linear(tiny_model_dir):
-    model, _ = load_policy(str(tiny_model_dir), lora={"r": 4, "lora_alpha": 8})
-    names = _trainable_names(model)
-    # 7 linear layers per block (q, k, v, o, gate, up, down) x 2 blocks x (A, B); lm_head excluded
-    assert len(names) == 28
-    assert all("lora_A" in n or "lora_B" in n for n in names)
-    assert model.peft_config["default"].r == 4
-
-
-def test_load_policy_accepts_lora_config(tiny_model_dir):
-    from peft import LoraConfig
-
-    config = LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM")
-    model, _ = load_policy(str(tiny_model_dir), lora=config)
-    assert len(_trainable_names(model)) == 4  # q_proj x 2 blocks x (A, B)
-
-
-def test_load_policy_bad_lora_settings(tiny_model_dir):
-    with pytest.raises(TypeError, match="lora must be"):
-        load_policy(str(tiny_model_dir), lora=16)
-    with pytest.raises(ValueError, match="Invalid lora settings"):
-        load_policy(str(tiny_model_dir), lora={"rank": 16})
-
-
-def test_load_policy_4bit_keeps_base_linear4bit(tmp_path, tiny_tokenizer):
-    bnb = pytest.importorskip("bitsandbytes")
-    from conftest import make_tiny_model
-
-    # bitsandbytes' CPU kernels need in_features >= its 64-element block: hidden 64
-    make_tiny_model(tiny_tokenizer, hidden=64).save_pretrained(tmp_path)
-    tiny_tokenizer.save_pretrained(tmp_path)
-    model, _ = load_policy(str(tmp_path), load_in_4bit=True, lora={"r": 4})
-    base_q = model.base_model.model.model.layers[0].self_attn.q_proj.base_layer
-    assert isinstance(base_q, bnb.nn.Linear4bit)
-    assert base_q.weight.quant_type == "nf4"
-    assert all("lora_" in n for n in _trainable_names(model))
-    ids = torch.tensor([[5, 6, 7]])
-    loss = model(input_ids=ids, labels=ids).loss
-    loss.backward()
-    lora_b = model.base_model.model.model.layers[0].self_attn.q_proj.lora_B["default"].weight
-    assert lora_b.grad is not None and torch.isfinite(loss)
-
-
 @pytest.mark.slow
 def test_embedded_model_converts_loads_and_answers():
     path = resolve_model_path(EMBEDDED_NAME)  # converts into $GRPO_PLUGIN_CACHE on first use
-    start = time.perf_counter()
-    model, tokenizer = models.embedded_default()
-    load_seconds = time.perf_counter() - start
-    assert load_seconds < 30, f"cached load took {load_seconds:.1f}s"
+    model, tokenizer = load_policy(EMBEDDED_NAME)
     assert model.config.tie_word_embeddings
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     assert getattr(model.config, "quantization_config", None) is None

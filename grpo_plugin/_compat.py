@@ -1,0 +1,103 @@
+"""Every workaround for a library version or a piece of hardware, in one place.
+
+Each entry says which version it is for and when it can go. Nothing else in the package probes
+library internals: it calls these helpers.
+
+| helper                              | for                                   | remove when                    |
+|-------------------------------------|---------------------------------------|--------------------------------|
+| `keep_bnb_4bit_weights_trainable`   | bitsandbytes 0.50 on AVX512-BF16 CPUs | bnb's CPU repack keeps autograd |
+| `cache_argument_name`               | transformers 4.x (`past_key_values`) vs 5.x (`cache`) | transformers < 5 is unsupported |
+| `output_cache`                      | the same rename on model outputs      | the same                       |
+| `expand_cache`, `can_drop_cache_rows` | caches without `batch_repeat_interleave` / `batch_select_indices` (transformers 5.x: static, hybrid and some remote-code caches) | every cache implements both |
+| `gradient_checkpointing_active`     | transformers 5.x renamed `is_gradient_checkpointing` to `is_activation_checkpointing` | the old name is removed (v6) |
+| `unwrap_peft`                       | peft 0.21 `PeftModel` wraps the transformers model | -- (peft API, kept as one call site) |
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from ._logging import warn_once
+
+
+def unwrap_peft(model: torch.nn.Module) -> torch.nn.Module:
+    """The underlying transformers model of a peft `PeftModel` (LoRA is injected in its layers)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def keep_bnb_4bit_weights_trainable(model: torch.nn.Module) -> int:
+    """Stop bitsandbytes from repacking 4-bit weights for CPU inference; returns layers touched.
+
+    bitsandbytes 0.50 on a CPU with AVX512-BF16 permanently repacks a `Linear4bit` the first time
+    it runs in eval mode without grad (generation, old/ref log-probs). The repacked layer goes
+    through `gemv_4bit`, which has no autograd kernel: gradients through the frozen 4-bit layers
+    are then silently dropped (measured: LoRA grads 68% off) and its absmax is rounded to bf16.
+    Called before generation and before every log-prob pass; already-packed layers are unpacked.
+    Remove when bitsandbytes keeps a differentiable path for repacked CPU weights.
+    """
+    touched = 0
+    for module in model.modules():
+        if not hasattr(module, "support_avx512bf16_for_cpu"):
+            continue
+        module.support_avx512bf16_for_cpu = False
+        touched += 1
+        weight = getattr(module, "weight", None)
+        state = getattr(weight, "quant_state", None)
+        if state is not None and getattr(state, "packing_format_for_cpu", False):
+            _unpack_bnb_cpu_weight(weight, state)
+    return touched
+
+
+def _unpack_bnb_cpu_weight(weight, state) -> None:
+    from bitsandbytes.functional import _convert_weight_packed_for_cpu_inverse
+
+    weight.data, state = _convert_weight_packed_for_cpu_inverse(weight.data, state)
+    if state.absmax.dim() == 2:  # bnb leaves a non-nested absmax transposed (N/bs, ...)
+        state.absmax = state.absmax.T.reshape(-1).float().contiguous()
+    weight.quant_state = state
+    warn_once(
+        "bnb-unpack",
+        "bitsandbytes had repacked 4-bit weights for CPU inference (eval-mode pass); "
+        "unpacked them so gradients flow again. Their absmax is now rounded to bf16.",
+    )
+
+
+def cache_argument_name(module: torch.nn.Module) -> str:
+    """transformers 5.x calls the KV-cache argument `cache`; older models use `past_key_values`."""
+    params = inspect.signature(module.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def output_cache(outputs) -> object | None:
+    """The KV cache returned by a forward pass, whatever its attribute is called."""
+    cache = getattr(outputs, "cache", None)
+    return cache if cache is not None else getattr(outputs, "past_key_values", None)
+
+
+def expand_cache(cache, repeats: int) -> bool:
+    """Repeat every cached key/value `repeats` times along the batch (in place); False if unsupported."""
+    if repeats == 1:
+        return True
+    expand = getattr(cache, "batch_repeat_interleave", None)
+    if expand is None:
+        return False
+    try:
+        expand(repeats)
+    except (NotImplementedError, ValueError, AttributeError, TypeError):
+        return False
+    return True
+
+
+def can_drop_cache_rows(cache) -> bool:
+    """Whether the KV cache can drop rows (transformers' `batch_select_indices`)."""
+    return callable(getattr(cache, "batch_select_indices", None))
+
+
+def gradient_checkpointing_active(model: torch.nn.Module) -> bool:
+    """transformers 5.x reports activation checkpointing under a new name (the old one warns)."""
+    base = unwrap_peft(model)
+    flag = "is_activation_checkpointing"
+    return bool(getattr(base, flag if hasattr(base, flag) else "is_gradient_checkpointing", False))

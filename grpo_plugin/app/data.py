@@ -1,0 +1,308 @@
+"""Prompt datasets for GRPO: generated arithmetic, GSM8K, and any local file with a `prompt` column.
+
+Every dataset is a `datasets.Dataset` whose `prompt` column holds a chat (a list of
+`{"role", "content"}` messages) or a plain string, plus whatever columns the reward functions
+read (here `answer`, a string). Recipes describe their data with one dict, `load_prompt_datasets`
+turns it into `(train, eval_or_None)`, and `validate_dataset_spec` checks it without loading
+anything heavy (it reads at most the first record of a local file).
+
+Dataset spec keys (all optional except where noted):
+    name          "arithmetic" | "gsm8k"; omit it for a custom file (then `path` is required)
+    path          local .jsonl/.json/.parquet/.csv file, or a Hub dataset id
+    split         split to read from `path` (default "train")
+    eval_path     held-out data (same formats); default: gsm8k -> same source, split "test"
+    eval_split    split to read from `eval_path` (default "test" for Hub ids, else "train")
+    train_size    keep the first N training rows (arithmetic default 64)
+    eval_size     keep the first N held-out rows (arithmetic default 64)
+    seed          arithmetic only: the generator's seed
+    low, high     arithmetic only: the operand range (inclusive)
+    template      arithmetic only: the question, with {a} and {b}
+    system_prompt a system message prepended to arithmetic / gsm8k prompts
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+import random
+from pathlib import Path
+from typing import Any
+
+from datasets import Dataset
+
+logger = logging.getLogger(__name__)
+
+ARITHMETIC_TEMPLATE = "What is {a} + {b}?"
+ARITHMETIC_LOW, ARITHMETIC_HIGH = 0, 20  # ~42% greedy baseline for SmolLM2-135M-Instruct
+GSM8K_HUB_ID = "openai/gsm8k"
+GSM8K_SYSTEM_PROMPT = (
+    "Solve the math problem step by step. "
+    "End with the final answer on its own line as: #### <number>"
+)
+LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+BUILTIN_NAMES = ("arithmetic", "gsm8k")
+_COMMON_KEYS = {"name", "path", "split", "eval_path", "eval_split", "train_size", "eval_size"}
+_KEYS_BY_NAME = {
+    "arithmetic": {
+        "name",
+        "train_size",
+        "eval_size",
+        "seed",
+        "low",
+        "high",
+        "template",
+        "system_prompt",
+    },
+    "gsm8k": _COMMON_KEYS | {"system_prompt"},
+    None: _COMMON_KEYS,
+}
+
+
+def _chat(question: str, system_prompt: str | None) -> list[dict[str, str]]:
+    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    return [*system, {"role": "user", "content": question}]
+
+
+def arithmetic_dataset(
+    n_train: int = 64,
+    n_eval: int = 64,
+    *,
+    low: int = ARITHMETIC_LOW,
+    high: int = ARITHMETIC_HIGH,
+    seed: int = 0,
+    template: str = ARITHMETIC_TEMPLATE,
+    system_prompt: str | None = None,
+) -> tuple[Dataset, Dataset]:
+    """Chat prompts "What is a + b?" with a, b drawn from [low, high], plus an `answer` column.
+
+    Train and eval pairs are distinct (no (a, b) pair appears in both) and fixed by `seed`.
+    """
+    if low > high:
+        raise ValueError(f"arithmetic: low={low} must be <= high={high}")
+    if "{a}" not in template or "{b}" not in template:
+        raise ValueError(f"arithmetic: template must contain {{a}} and {{b}}, got {template!r}")
+    n_pairs = (high - low + 1) ** 2
+    if n_train + n_eval > n_pairs:
+        raise ValueError(
+            f"arithmetic: {n_train}+{n_eval} prompts need more than the {n_pairs} distinct pairs "
+            f"in [{low}, {high}]; widen the range or ask for fewer prompts"
+        )
+    rng = random.Random(seed)
+    pairs: list[tuple[int, int]] = []
+    seen: set[tuple[int, int]] = set()
+    while len(pairs) < n_train + n_eval:
+        pair = (rng.randint(low, high), rng.randint(low, high))
+        if pair not in seen:
+            seen.add(pair)
+            pairs.append(pair)
+
+    def build(chunk: list[tuple[int, int]]) -> Dataset:
+        return Dataset.from_dict(
+            {
+                "prompt": [_chat(template.format(a=a, b=b), system_prompt) for a, b in chunk],
+                "answer": [str(a + b) for a, b in chunk],
+            }
+        )
+
+    return build(pairs[:n_train]), build(pairs[n_train:])
+
+
+def _is_local(path: str) -> bool:
+    return Path(path).suffix.lower() in LOCAL_SUFFIXES or Path(path).exists()
+
+
+def _load_table(path_or_hub_id: str, split: str) -> Dataset:
+    """A local file (split ignored) or a Hub dataset's split."""
+    from datasets import load_dataset
+
+    if _is_local(path_or_hub_id):
+        path = Path(path_or_hub_id)
+        _require_file(path)
+        builder = LOCAL_SUFFIXES.get(path.suffix.lower(), "json")
+        return load_dataset(builder, data_files=str(path), split="train")
+    config = "main" if path_or_hub_id == GSM8K_HUB_ID else None
+    return load_dataset(path_or_hub_id, config, split=split)
+
+
+def _take(dataset: Dataset, n: int | None) -> Dataset:
+    return dataset if n is None else dataset.select(range(min(n, len(dataset))))
+
+
+def gsm8k_dataset(
+    path_or_hub_id: str = GSM8K_HUB_ID,
+    split: str = "train",
+    *,
+    system_prompt: str | None = GSM8K_SYSTEM_PROMPT,
+    n: int | None = None,
+) -> Dataset:
+    """GSM8K as chat prompts: `question` -> `prompt`; `answer` keeps the "... #### N" solution."""
+    table = _take(_load_table(path_or_hub_id, split), n)
+    require_columns(table, ["question", "answer"])
+    return table.map(
+        lambda row: {"prompt": _chat(row["question"], system_prompt)},
+        remove_columns=["question"],
+    )
+
+
+def require_columns(dataset: Dataset, required: list[str]) -> None:
+    """Raise ValueError naming the missing columns and the ones that exist."""
+    missing = [c for c in required if c not in dataset.column_names]
+    if missing:
+        raise ValueError(
+            f"dataset is missing column(s) {missing}; it has {dataset.column_names}. "
+            "Rename the columns in your data (e.g. with Dataset.rename_column) to match."
+        )
+
+
+def _require_file(path: Path) -> None:
+    if not path.is_file():
+        raise ValueError(f"dataset file {str(path)!r} does not exist; fix `path`/`eval_path`")
+
+
+def first_record_columns(path: Path) -> list[str] | None:
+    """Column names from the first record of a local file (None when not cheap to tell)."""
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        with path.open() as f:
+            line = f.readline().strip()
+        return list(json.loads(line)) if line else []
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return list(pq.read_schema(path).names)
+    if suffix == ".csv":
+        with path.open() as f:
+            return [c.strip() for c in f.readline().split(",")]
+    return None
+
+
+def _check_unknown_keys(spec: dict[str, Any], name: str | None) -> None:
+    allowed = _KEYS_BY_NAME[name]
+    for key in spec:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, sorted(allowed), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(
+                f"dataset: unknown key {key!r} for {name or 'a custom file'} dataset.{hint} "
+                f"Allowed keys: {', '.join(sorted(allowed))}"
+            )
+
+
+def _check_local_source(path: str, required: list[str]) -> None:
+    if not _is_local(path):
+        return  # a Hub id: checked when loaded
+    file = Path(path)
+    _require_file(file)
+    columns = first_record_columns(file)
+    missing = [c for c in required if columns is not None and c not in columns]
+    if missing:
+        raise ValueError(
+            f"dataset file {path!r} lacks column(s) {missing} (it has {columns}); "
+            f"add them or rename the existing ones"
+        )
+
+
+def validate_dataset_spec(spec: dict[str, Any]) -> None:
+    """Check a dataset spec's keys, files and columns without loading any model or dataset."""
+    if not isinstance(spec, dict):
+        raise ValueError(
+            f"dataset must be a mapping such as {{'name': 'arithmetic'}}, got {spec!r}"
+        )
+    name = spec.get("name")
+    if name is not None and name not in BUILTIN_NAMES:
+        close = difflib.get_close_matches(str(name), BUILTIN_NAMES, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(
+            f"dataset: unknown name {name!r}.{hint} Built-in: {', '.join(BUILTIN_NAMES)}; "
+            "or omit `name` and give `path` to a file with a `prompt` column"
+        )
+    _check_unknown_keys(spec, name)
+    for key in ("train_size", "eval_size", "seed", "low", "high"):
+        if key in spec and not isinstance(spec[key], int):
+            raise ValueError(f"dataset: {key} must be an integer, got {spec[key]!r}")
+    if name == "arithmetic":
+        return
+    if name is None and "path" not in spec:
+        raise ValueError("dataset: give `name` (arithmetic | gsm8k) or `path` to a data file")
+    required = ["question", "answer"] if name == "gsm8k" else ["prompt"]
+    for key in ("path", "eval_path"):
+        if key in spec:
+            _check_local_source(str(spec[key]), required)
+
+
+def load_prompt_datasets(spec: dict[str, Any]) -> tuple[Dataset, Dataset | None]:
+    """Build `(train, eval_or_None)` from a recipe's dataset spec (see the module docstring)."""
+    validate_dataset_spec(spec)
+    name = spec.get("name")
+    train_size, eval_size = spec.get("train_size"), spec.get("eval_size")
+    if name == "arithmetic":
+        kwargs = {
+            k: spec[k] for k in ("low", "high", "seed", "template", "system_prompt") if k in spec
+        }
+        n_train = 64 if train_size is None else train_size
+        return arithmetic_dataset(n_train, 64 if eval_size is None else eval_size, **kwargs)
+    if name == "gsm8k":
+        return _load_gsm8k(spec, train_size, eval_size)
+    train = _take(_load_table(spec["path"], spec.get("split", "train")), train_size)
+    require_columns(train, ["prompt"])
+    if "eval_path" not in spec:
+        return train, None
+    eval_split = spec.get("eval_split", "train" if _is_local(spec["eval_path"]) else "test")
+    held_out = _take(_load_table(spec["eval_path"], eval_split), eval_size)
+    require_columns(held_out, ["prompt"])
+    return train, held_out
+
+
+def _load_gsm8k(
+    spec: dict[str, Any], train_size: int | None, eval_size: int | None
+) -> tuple[Dataset, Dataset | None]:
+    path = spec.get("path", GSM8K_HUB_ID)
+    system = spec.get("system_prompt", GSM8K_SYSTEM_PROMPT)
+    train = gsm8k_dataset(path, spec.get("split", "train"), system_prompt=system, n=train_size)
+    eval_path = spec.get("eval_path", None if _is_local(path) else path)
+    if eval_path is None:
+        return train, None
+    eval_split = spec.get("eval_split", "train" if _is_local(eval_path) else "test")
+    held_out = gsm8k_dataset(eval_path, eval_split, system_prompt=system, n=eval_size)
+    return train, held_out
+
+
+# ----------------------------------------------------------------------------- describing a spec
+
+
+def known_columns(spec: dict[str, Any]) -> list[str] | None:
+    """The columns a dataset spec yields, known without loading it (None when unknown: Hub ids)."""
+    if spec.get("name") in BUILTIN_NAMES:
+        return ["prompt", "answer"]
+    path = Path(str(spec.get("path", "")))
+    return first_record_columns(path) if path.is_file() else None
+
+
+def dataset_label(spec: dict[str, Any]) -> str:
+    """How results name the data: the built-in name or the path."""
+    return str(spec.get("name") or spec.get("path"))
+
+
+def dataset_hub_ids(spec: dict[str, Any]) -> list[str]:
+    """Hub dataset ids the data came from (for the model card's metadata); [] for local data."""
+    path = spec.get("path")
+    if spec.get("name") == "gsm8k" and path is None:
+        return [GSM8K_HUB_ID]
+    if path and not Path(str(path)).exists() and "/" in str(path) and "." not in Path(path).name:
+        return [str(path)]
+    return []
+
+
+def parse_dataset_arg(text: str) -> dict[str, Any]:
+    """A command-line dataset: a built-in name, a file path, or a YAML mapping `{name: ...}`."""
+    if text in BUILTIN_NAMES:
+        return {"name": text}
+    if text.lstrip().startswith("{"):
+        import yaml
+
+        spec = yaml.safe_load(text)
+        if not isinstance(spec, dict):
+            raise ValueError(f"--dataset {text!r} is not a mapping")
+        return spec
+    return {"path": text}

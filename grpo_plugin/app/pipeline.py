@@ -1,0 +1,168 @@
+"""A recipe, run end to end: the one orchestrator behind `grpo-plugin train` and `run_recipe`.
+
+    load data -> build the trainer -> evaluate (before) -> train -> save -> evaluate (after)
+    -> eval.json, recipe.yaml, reward_curve.png, README.md (the model card)
+
+Python users call `run_recipe("arithmetic", ["--max_steps", "8"])` (a built-in recipe name or a
+YAML path, plus the same flags as the CLI); the CLI only parses arguments and prints.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import reward_fns
+
+from ..training import rundir
+from .data import dataset_hub_ids, dataset_label, load_prompt_datasets
+from .recipe import (
+    Recipe,
+    RecipeError,
+    check_recipe,
+    check_reward_columns,
+    load_recipe,
+    one_line,
+    resolve_rewards,
+    reward_specs,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def run_recipe(recipe: Recipe | str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Check, then run a recipe; returns what `eval.json` holds (plus `total_seconds`).
+
+    Raises `RecipeError` (one line that says the fix) before any model loads when the recipe
+    cannot run.
+    """
+    if not isinstance(recipe, Recipe):
+        recipe = load_recipe(recipe, overrides)
+    rewards = check_recipe(recipe)
+    return train_recipe(recipe, rewards)
+
+
+def _load_data(recipe: Recipe, rewards: list[Callable]) -> tuple[Any, Any]:
+    try:
+        train, held_out = load_prompt_datasets(recipe.args.dataset)
+    except (ValueError, FileNotFoundError) as err:
+        raise RecipeError(one_line(err)) from err
+    check_reward_columns(rewards, train.column_names, "the training data")
+    if held_out is not None:
+        check_reward_columns(rewards[:1], held_out.column_names, "the held-out data")
+    return train, held_out
+
+
+def _eval_reward(recipe: Recipe, rewards: list[Callable]) -> Callable:
+    spec = (recipe.args.eval or {}).get("reward")
+    if spec is None:
+        return rewards[0]
+    return resolve_rewards(recipe, reward_specs([spec]))[0]
+
+
+def _evaluate(trainer, dataset, reward_fn: Callable, recipe: Recipe) -> dict[str, Any]:
+    from ..training.evaluation import evaluate
+
+    spec = {k: v for k, v in (recipe.args.eval or {}).items() if k not in ("reward", "before")}
+    spec.setdefault("k", 8)
+    spec.setdefault("max_new_tokens", recipe.config.max_completion_length)
+    spec.setdefault("temperature", recipe.config.temperature)
+    spec.setdefault("seed", recipe.config.seed)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    result = evaluate(model, trainer.processing_class, dataset, reward_fn, **spec)
+    keep = ("accuracy", "n") + tuple(k for k in result if k.startswith("pass@"))
+    return {k: result[k] for k in keep if k in result}
+
+
+def _build_trainer(recipe: Recipe, rewards: list[Callable], train, held_out):
+    from ..training.policy import lora_config, nf4_quantization
+    from ..training.trainer import GRPOTrainer
+
+    if recipe.args.load_in_4bit:  # the recipe's config is its own: the parser built it
+        compute = "bfloat16" if recipe.config.bf16 else "float32"
+        quantization = {"quantization_config": nf4_quantization(compute)}
+        recipe.config.model_init_kwargs = {
+            **quantization,
+            **(recipe.config.model_init_kwargs or {}),
+        }
+    try:
+        peft_config = lora_config(recipe.args.lora) if recipe.args.lora is not None else None
+    except (TypeError, ValueError) as err:
+        raise RecipeError(one_line(err)) from err
+    trainer = GRPOTrainer(
+        model=recipe.args.model,
+        reward_funcs=rewards,
+        args=recipe.config,
+        train_dataset=train,
+        eval_dataset=held_out,
+        peft_config=peft_config,
+    )
+    trainer.dataset_names = dataset_hub_ids(recipe.args.dataset)
+    return trainer
+
+
+def write_recipe_copy(recipe: Recipe, out: Path) -> None:
+    header = f"# The recipe as run (from {recipe.source or 'defaults'} plus command-line flags).\n"
+    text = header + yaml.safe_dump(recipe.raw, sort_keys=False)
+    rundir.write_text_atomic(out / rundir.RECIPE_FILE, text)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def summary_lines(evaluation: dict[str, Any], out: Path) -> list[str]:
+    """What the CLI prints at the end of a run."""
+    train_min = evaluation.get("train_seconds", 0) / 60
+    total_min = evaluation.get("total_seconds", 0) / 60
+    before, after = evaluation.get("before") or {}, evaluation.get("after") or {}
+    if not after:
+        return [f"Trained in {train_min:.1f} min (no held-out set to evaluate). Outputs: {out}"]
+    lines = [
+        f"Held-out greedy accuracy (n={after.get('n', '?')}, {evaluation['reward']}): "
+        f"{_pct(before.get('accuracy'))} -> {_pct(after.get('accuracy'))}"
+    ]
+    for key in after:
+        if key.startswith("pass@"):
+            lines.append(f"{key}: {_pct(before.get(key))} -> {_pct(after.get(key))}")
+    lines.append(f"Training {train_min:.1f} min; total {total_min:.1f} min. Outputs: {out}")
+    return lines
+
+
+def train_recipe(recipe: Recipe, rewards: list[Callable]) -> dict[str, Any]:
+    """Evaluate, train, save, evaluate; write eval.json, recipe.yaml, the curve and the card."""
+    from .card import write_model_card
+    from .plot import plot_reward_curve
+
+    start = time.perf_counter()
+    train, held_out = _load_data(recipe, rewards)
+    trainer = _build_trainer(recipe, rewards, train, held_out)
+    out = Path(recipe.config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    eval_fn = _eval_reward(recipe, rewards)
+    evaluation: dict[str, Any] = {
+        "dataset": dataset_label(recipe.args.dataset),
+        "reward": reward_fns.reward_name(eval_fn),
+    }
+    if held_out is not None and (recipe.args.eval or {}).get("before", True):
+        evaluation["before"] = _evaluate(trainer, held_out, eval_fn, recipe)
+        logger.info(
+            "Before training: held-out greedy accuracy %s", _pct(evaluation["before"]["accuracy"])
+        )
+    t0 = time.perf_counter()
+    trainer.train()
+    evaluation["train_seconds"] = round(time.perf_counter() - t0, 1)
+    trainer.save_model(str(out))
+    if held_out is not None:
+        evaluation["after"] = _evaluate(trainer, held_out, eval_fn, recipe)
+    rundir.write_json(out / rundir.EVAL_FILE, evaluation)
+    write_recipe_copy(recipe, out)
+    plot_reward_curve(out)
+    write_model_card(out)
+    evaluation["total_seconds"] = round(time.perf_counter() - start, 1)
+    return evaluation

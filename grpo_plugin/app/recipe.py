@@ -1,0 +1,371 @@
+"""Recipes: a YAML file of `GRPOConfig` fields plus `model`, `dataset`, `reward_funcs`, `lora`,
+`load_in_4bit` and `eval`, with command-line flags on top.
+
+Parsing goes through `transformers.HfArgumentParser` over `(RecipeArguments, GRPOConfig)`:
+flags are parsed by it (types, `--no_x` booleans, help text), merged over the YAML, and the merged
+dict goes to `parse_dict(..., allow_extra_keys=False)`. Dict-valued recipe keys also take dotted
+flags: `--dataset.path data/train.jsonl`, `--eval.k 4`, `--lora.r 8` (values are read as YAML).
+
+`check_recipe` then verifies, before any model is loaded, that the dataset spec is valid, every
+reward name resolves, and every dataset column a reward reads exists. Every problem raises
+`RecipeError` with one line that says how to fix it; the CLI prints it and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from transformers import HfArgumentParser
+
+import reward_fns
+
+from ..training.config import GRPOConfig
+from .data import known_columns, validate_dataset_spec
+from .recipe_library import find_recipe
+
+# Arguments of a reward function that never name a dataset column (TRL's contract).
+_REWARD_CALL_ARGS = {"prompts", "completions", "completion_ids"}
+# Reward parameters whose *value* names a column (`column_name="answer"` in the verifiers).
+_COLUMN_PARAMS = ("column_name",)
+EVAL_KEYS = (
+    "reward", "k", "num_samples", "max_new_tokens", "batch_size", "temperature",
+    "success_threshold", "before", "seed",
+)  # fmt: skip
+DICT_FIELDS = ("dataset", "lora", "eval")
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot run; the message is one line saying how to fix it."""
+
+
+@dataclass
+class RecipeArguments:
+    """What a recipe adds to `GRPOConfig`: the model, the data, the rewards and the evaluation."""
+
+    model: str = field(
+        default="embedded:smollm2-135m-instruct",
+        metadata={
+            "help": "Policy: 'embedded:smollm2-135m-instruct' (no download), a local dir or a Hub id."
+        },
+    )
+    dataset: dict[str, Any] | str | None = field(
+        default=None,
+        metadata={
+            "help": "Dataset spec (see grpo_plugin.data): {name: arithmetic|gsm8k} or {path: FILE}, "
+            "plus split, eval_path, train_size, eval_size, seed, low, high, template, system_prompt."
+        },
+    )
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["last_integer"],
+        metadata={
+            "help": "Reward functions: registry names, 'module:function' paths, or (in YAML) "
+            "{name: NAME, params: {...}}. The first one is the accuracy reward for evaluation."
+        },
+    )
+    lora: dict[str, Any] | str | None = field(
+        default=None,
+        metadata={
+            "help": "peft.LoraConfig arguments, e.g. {r: 16, lora_alpha: 32, target_modules: "
+            "all-linear}. null: full fine-tuning."
+        },
+    )
+    load_in_4bit: bool = field(
+        default=False,
+        metadata={"help": "Load the base model in 4-bit NF4 (bitsandbytes); needs `lora` (QLoRA)."},
+    )
+    eval: dict[str, Any] | str | None = field(
+        default=None,
+        metadata={
+            "help": "Held-out evaluation before and after training: {k: 8 (pass@k; 0 = off), "
+            "num_samples, max_new_tokens (default max_completion_length), batch_size, "
+            "temperature, reward (default: the first reward), before: true}."
+        },
+    )
+
+
+@dataclass
+class Recipe:
+    """A parsed recipe: its arguments, its GRPOConfig and the merged dict it came from."""
+
+    args: RecipeArguments
+    config: GRPOConfig
+    raw: dict[str, Any]
+    source: str | None = None
+
+
+def recipe_parser(prog: str = "grpo-plugin train RECIPE.yaml") -> HfArgumentParser:
+    """The `HfArgumentParser` whose flags (and `--help`) cover every recipe key."""
+    parser = HfArgumentParser((RecipeArguments, GRPOConfig), prog=prog, allow_abbrev=False)
+    parser.error = _raise_parse_error  # one line, not usage + error
+    return parser
+
+
+def _raise_parse_error(message: str) -> None:
+    raise RecipeError(message)
+
+
+def recipe_keys() -> set[str]:
+    return {
+        f.name for cls in (RecipeArguments, GRPOConfig) for f in dataclasses.fields(cls) if f.init
+    }
+
+
+def unknown_key_message(key: str, known: Sequence[str], where: str = "recipe") -> str:
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown {where} key {key!r}{hint} (`grpo-plugin train --help` lists every key)"
+
+
+def one_line(err: BaseException | str) -> str:
+    """An error message squeezed onto one line."""
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A recipe file (or a built-in recipe's name, see `grpo-plugin recipes`) as a dict."""
+    try:
+        path = find_recipe(path)
+    except FileNotFoundError as err:
+        raise RecipeError(one_line(err)) from err
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise RecipeError(f"{path}: invalid YAML: {one_line(err)}") from err
+    if not isinstance(data, dict):
+        raise RecipeError(
+            f"{path}: a recipe must be a mapping of keys to values, got {type(data).__name__}"
+        )
+    return data
+
+
+def _split_dotted(flags: Sequence[str]) -> tuple[list[str], list[tuple[str, str, str]]]:
+    """Pull `--dataset.path VALUE` (or `--dataset.path=VALUE`) out of the flags."""
+    rest, dotted, i = [], [], 0
+    flags = list(flags)
+    while i < len(flags):
+        flag = flags[i]
+        head = flag[2:].split("=", 1)[0] if flag.startswith("--") else ""
+        if "." in head and head.split(".", 1)[0] in DICT_FIELDS:
+            top, sub = head.split(".", 1)
+            if "=" in flag:
+                value = flag.split("=", 1)[1]
+            elif i + 1 < len(flags):
+                value, i = flags[i + 1], i + 1
+            else:
+                raise RecipeError(f"{flag} needs a value")
+            dotted.append((top, sub, value))
+        else:
+            rest.append(flag)
+        i += 1
+    return rest, dotted
+
+
+def parse_overrides(flags: Sequence[str]) -> dict[str, Any]:
+    """The recipe keys given on the command line, typed by HfArgumentParser (nothing else)."""
+    flags, dotted = _split_dotted(flags)
+    parser = recipe_parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS  # only what the user typed comes back
+    namespace, unknown = parser.parse_known_args(flags)
+    if unknown:
+        flag = next((u for u in unknown if u.startswith("-")), unknown[0])
+        if not flag.startswith("-"):
+            raise RecipeError(f"unexpected argument {flag!r}; overrides look like --key value")
+        raise RecipeError(
+            unknown_key_message(
+                flag.lstrip("-").split("=")[0].replace("-", "_"), recipe_keys(), "flag"
+            )
+        )
+    overrides = vars(namespace)
+    for top, sub, value in dotted:
+        overrides.setdefault(f"{top}.", []).append((sub, yaml.safe_load(value)))
+    return overrides
+
+
+def _as_mapping(key: str, value: Any) -> dict[str, Any] | None:
+    if isinstance(value, str):
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            raise RecipeError(
+                f"{key}: cannot parse {value!r} as a mapping: {one_line(err)}"
+            ) from err
+    if value is not None and not isinstance(value, dict):
+        raise RecipeError(f"{key} must be a mapping (e.g. {key}: {{...}}) or null, got {value!r}")
+    return value
+
+
+def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """YAML values, then whole-key flags, then dotted flags (`--dataset.path`)."""
+    merged = {**base, **{k: v for k, v in overrides.items() if not k.endswith(".")}}
+    for key in DICT_FIELDS:
+        if key in merged:
+            merged[key] = _as_mapping(key, merged[key])
+    for key, pairs in overrides.items():
+        if key.endswith("."):
+            top = key[:-1]
+            merged[top] = {**(merged.get(top) or {}), **dict(pairs)}
+    if isinstance(merged.get("reward_funcs"), (str, dict)):
+        merged["reward_funcs"] = [merged["reward_funcs"]]
+    if "reward_funcs" in merged:
+        merged["reward_funcs"] = [_reward_item(x) for x in merged["reward_funcs"]]
+    return merged
+
+
+def _reward_item(item: Any) -> Any:
+    if isinstance(item, str) and item.lstrip().startswith("{"):
+        return yaml.safe_load(item)
+    return item
+
+
+def build_recipe(raw: dict[str, Any], source: str | None = None) -> Recipe:
+    """`parse_dict` over the merged dict; unknown keys and config contradictions -> RecipeError."""
+    known = recipe_keys()
+    for key in raw:
+        if key not in known:
+            raise RecipeError(unknown_key_message(key, known))
+    try:
+        args, config = recipe_parser().parse_dict(raw, allow_extra_keys=False)
+    except (ValueError, TypeError) as err:
+        raise RecipeError(one_line(err)) from err
+    if args.dataset is None:
+        raise RecipeError("the recipe has no `dataset`; add e.g. `dataset: {name: arithmetic}`")
+    return Recipe(args, config, raw, source)
+
+
+def load_recipe(path: str | Path | None, flags: Sequence[str] = ()) -> Recipe:
+    """Read a recipe YAML (or none: all defaults), apply the command-line flags, build it."""
+    base = read_yaml(path) if path is not None else {}
+    raw = merge(base, parse_overrides(flags))
+    return build_recipe(raw, str(path) if path is not None else None)
+
+
+# ----------------------------------------------------------------------------- checking
+
+
+def reward_specs(items: Sequence[Any]) -> list[tuple[str | Callable, dict[str, Any]]]:
+    """`(name, params)` per reward entry; `{name, params}` dicts and plain names both work."""
+    specs = []
+    for item in items:
+        if isinstance(item, dict):
+            extra = set(item) - {"name", "params"}
+            if "name" not in item or extra:
+                raise RecipeError(
+                    f"reward entry {item!r} must look like {{name: NAME, params: {{...}}}}"
+                    + (f"; unexpected key(s) {sorted(extra)}" if extra else "")
+                )
+            params = item.get("params") or {}
+            if not isinstance(params, dict):
+                raise RecipeError(
+                    f"reward {item['name']!r}: params must be a mapping, got {params!r}"
+                )
+            specs.append((item["name"], dict(params)))
+        elif isinstance(item, str) or callable(item):
+            specs.append((item, {}))
+        else:
+            raise RecipeError(f"reward entry {item!r} must be a name or {{name, params}}")
+    if not specs:
+        raise RecipeError("reward_funcs is empty; name at least one reward (grpo-plugin rewards)")
+    return specs
+
+
+def _fill_from_config(fn: Callable, params: dict[str, Any], config: GRPOConfig) -> dict[str, Any]:
+    """A reward parameter named like a GRPOConfig field (e.g. `max_completion_length` of
+    `soft_overlong`) defaults to the config's value when the recipe leaves it out."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return params
+    filled = dict(params)
+    for name, param in sig.parameters.items():
+        if name not in filled and param.default is None and hasattr(config, name):
+            if name not in _REWARD_CALL_ARGS and name in {
+                f.name for f in dataclasses.fields(config)
+            }:
+                filled[name] = getattr(config, name)
+    return filled
+
+
+def resolve_rewards(recipe: Recipe, specs: list | None = None) -> list[Callable]:
+    """Every reward resolved through `reward_fns.resolve` (unknown names -> RecipeError)."""
+    resolved = []
+    for name, params in reward_specs(recipe.args.reward_funcs) if specs is None else specs:
+        try:
+            fn = reward_fns.resolve(name)
+            resolved.append(reward_fns.resolve(fn, **_fill_from_config(fn, params, recipe.config)))
+        except (KeyError, ValueError, TypeError, ImportError, AttributeError) as err:
+            raise RecipeError(one_line(err)) from err
+    return resolved
+
+
+def required_columns(fn: Callable) -> set[str]:
+    """Dataset columns a reward reads: its parameters without a default (beyond TRL's call
+    arguments), the value of a `column_name` parameter, and a `required_columns` attribute."""
+    columns = set(getattr(fn, "required_columns", ()) or ())
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return columns
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    for name, param in sig.parameters.items():
+        if name in _REWARD_CALL_ARGS or param.kind in variadic:
+            continue
+        if param.default is inspect.Parameter.empty:
+            columns.add(name)
+        elif name in _COLUMN_PARAMS and isinstance(param.default, str):
+            columns.add(param.default)
+    return columns
+
+
+def check_reward_columns(rewards: list[Callable], columns: Sequence[str], where: str) -> None:
+    """Every dataset column a reward reads must exist (`where` names the data in the message)."""
+    for fn in rewards:
+        missing = sorted(required_columns(fn) - set(columns))
+        if missing:
+            name = reward_fns.reward_name(fn)
+            raise RecipeError(
+                f"reward {name!r} needs dataset column(s) {missing}, but {where} has "
+                f"{sorted(columns)}; rename your gold column or pass params: {{column_name: ...}}"
+            )
+
+
+def check_eval_spec(recipe: Recipe) -> dict[str, Any]:
+    spec = dict(recipe.args.eval or {})
+    for key in spec:
+        if key not in EVAL_KEYS:
+            raise RecipeError(unknown_key_message(key, EVAL_KEYS, "eval"))
+    return spec
+
+
+def check_recipe(recipe: Recipe) -> list[Callable]:
+    """Everything that can be checked without a model; returns the resolved rewards."""
+    if recipe.args.load_in_4bit and recipe.args.lora is None:
+        raise RecipeError(
+            "load_in_4bit needs a `lora` section: 4-bit base weights cannot be trained"
+        )
+    try:
+        validate_dataset_spec(recipe.args.dataset)
+    except (ValueError, TypeError) as err:
+        raise RecipeError(one_line(err)) from err
+    rewards = resolve_rewards(recipe)
+    weights = recipe.config.reward_weights
+    if weights is not None and len(weights) != len(rewards):
+        raise RecipeError(
+            f"reward_weights has {len(weights)} entries for {len(rewards)} reward functions; give one each"
+        )
+    columns = known_columns(recipe.args.dataset)
+    if columns is not None:
+        check_reward_columns(rewards, columns, "the dataset")
+    check_eval_spec(recipe)
+    return rewards

@@ -1,0 +1,76 @@
+"""Prompt sampling and the order of rows in a rollout buffer.
+
+The dataloader yields *distinct prompts*, one rollout's worth (P = generation_batch_size / G) at a
+time, and repeats each such batch once per micro-step that trains on it
+(`steps_per_generation * num_iterations`). The trainer samples G completions per prompt on the
+first repeat and slices its buffer on the others. Unlike TRL's RepeatSampler the G copies of a
+prompt are never materialised as dataset rows: the rollout layer prefills each prompt once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import Sampler
+
+
+class PromptBatchSampler(Sampler[int]):
+    """Yields shuffled prompt indices in blocks of `prompts_per_batch`, each block `repeats` times.
+
+    Only whole blocks are produced. `set_epoch` reseeds the shuffle, so a resumed run sees the same
+    order as the original one (the Trainer skips the batches it already trained on).
+    """
+
+    def __init__(
+        self,
+        num_rows: int,
+        prompts_per_batch: int,
+        repeats: int,
+        shuffle: bool = True,
+        seed: int = 0,
+    ):
+        if num_rows < prompts_per_batch:
+            raise ValueError(
+                f"The training dataset has {num_rows} prompts but one rollout needs "
+                f"{prompts_per_batch}; add prompts or lower per_device_train_batch_size."
+            )
+        self.num_rows, self.prompts_per_batch, self.repeats = num_rows, prompts_per_batch, repeats
+        self.shuffle, self.seed, self.epoch = shuffle, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.num_rows))
+        gen = torch.Generator().manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.num_rows, generator=gen).tolist()
+
+    def __iter__(self) -> Iterator[int]:
+        order = self._order()
+        for b in range(len(self) // (self.prompts_per_batch * self.repeats)):
+            block = order[b * self.prompts_per_batch : (b + 1) * self.prompts_per_batch]
+            for _ in range(self.repeats):
+                yield from block
+
+    def __len__(self) -> int:
+        return (self.num_rows // self.prompts_per_batch) * self.prompts_per_batch * self.repeats
+
+
+def identity_collate(rows: list[dict]) -> list[dict]:
+    """Keep dataset rows as a list of dicts: prompts and columns go to rollout and rewards as is."""
+    return rows
+
+
+def shared_group_size(num_generations: int, micro_batch: int) -> int:
+    """Rows per block of identical prompts inside any micro-batch slice of a rollout buffer."""
+    return math.gcd(num_generations, micro_batch)
+
+
+def group_permutation(num_rows: int, group_size: int, generator: torch.Generator) -> torch.Tensor:
+    """`(num_rows,)` row order that permutes whole groups (blocks of `group_size` rows), keeping
+    each group contiguous and in order."""
+    perm = torch.randperm(num_rows // group_size, generator=generator)  # (P,)
+    return (perm[:, None] * group_size + torch.arange(group_size)).reshape(-1)

@@ -1,0 +1,249 @@
+"""Per-token log-probabilities of completions, computed without materialising full-vocab logits.
+
+`completion_logprobs` returns log pi(c_t | prompt, c_<t) for every completion token — the
+per-token quantity of the GRPO objective (DeepSeekMath, eq. 3, https://arxiv.org/abs/2402.03300).
+
+- The decoder body runs once over prompt + completion; the LM head then runs ONLY at real
+  completion positions (the hidden state at the last prompt token predicts completion token 0),
+  `chunk_size` positions at a time, in float32, on `logits / temperature` as TRL does. With grad
+  enabled each chunk (head + log-softmax + gather) is wrapped in `torch.utils.checkpoint`, so no
+  (N x Tc x V) logits tensor is ever held for backward.
+- All-pad prompt columns (left) and completion columns past the longest real completion (right)
+  are trimmed before the model runs; results are padded back to (N, Tc) with zeros.
+- Prefix-shared forward (`share_prompt_prefix` with `group_size` G): rows p*G .. p*G+G-1 share
+  prompt p. The P distinct prompts (minus their last token) are encoded once WITH grad into a
+  `DynamicCache`, which is expanded to the G rows; the completions (preceded by the last prompt
+  token) run against it. Gradient flows through the shared keys/values into the prompt's LoRA
+  weights. The same idea as verl's PrefixGrouper, through the model's own cache API instead of a
+  custom attention kernel. Unsupported cases (active gradient checkpointing, which makes HF drop
+  the cache; no batch-expandable cache; groups whose prompts differ) fall back to the plain forward
+  with a single warning.
+
+Departures from TRL: log-probs (and entropies) at masked completion positions are 0, not the
+model's values there; `temperature <= 0` (greedy sampling) scores with temperature 1. Of the
+model's own logit post-processing only Gemma-style `final_logit_softcapping` is reproduced.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from .._compat import (
+    cache_argument_name,
+    expand_cache,
+    gradient_checkpointing_active,
+    keep_bnb_4bit_weights_trainable,
+    output_cache,
+    unwrap_peft,
+)
+from .._logging import warn_once
+from .tensors import position_ids_from_mask
+
+__all__ = ["completion_logprobs"]
+
+
+def _decoder_body(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformer body (embeddings, layers, final norm) without the LM head; works through peft."""
+    base = unwrap_peft(model)
+    body = base.get_decoder() if hasattr(base, "get_decoder") else None
+    if body is None or body is base:
+        body = getattr(base, getattr(base, "base_model_prefix", "model"), None)
+    if body is None or body is base:
+        raise TypeError(
+            f"{type(base).__name__} has no separable decoder body (get_decoder()); "
+            "completion_logprobs needs a causal LM built as body + lm_head."
+        )
+    return body
+
+
+def _trim_padding(prompt_ids, prompt_mask, completion_ids, completion_mask):
+    """Drop all-pad prompt columns on the left and completion columns past the last real token."""
+    real_prompt_cols = (prompt_mask.sum(0) > 0).nonzero()
+    first = int(real_prompt_cols[0]) if len(real_prompt_cols) else prompt_mask.size(1)
+    real_completion_cols = (completion_mask.sum(0) > 0).nonzero()
+    width = int(real_completion_cols[-1]) + 1 if len(real_completion_cols) else 0
+    return (
+        prompt_ids[:, first:],
+        prompt_mask[:, first:],
+        completion_ids[:, :width],
+        completion_mask[:, :width],
+    )
+
+
+def _plain_hidden(body, prompt_ids, prompt_mask, completion_ids, completion_mask):
+    """Body over prompt + completion; `(N, T, H)` hidden states that predict the completion tokens."""
+    prompt_len, width = prompt_ids.size(1), completion_ids.size(1)
+    mask = torch.cat([prompt_mask, completion_mask], dim=1)  # (N, Lp + T)
+    out = body(
+        input_ids=torch.cat([prompt_ids, completion_ids], dim=1),
+        attention_mask=mask,
+        position_ids=position_ids_from_mask(mask),
+        use_cache=False,
+    )
+    return out.last_hidden_state[:, prompt_len - 1 : prompt_len - 1 + width]  # (N, T, H)
+
+
+def _shared_hidden(body, group, prompt_ids, prompt_mask, completion_ids, completion_mask):
+    """Prompt prefix encoded once per group, its cache expanded to G rows; None if unsupported."""
+    prompt_len, width = prompt_ids.size(1), completion_ids.size(1)
+    mask = torch.cat([prompt_mask, completion_mask], dim=1)  # (N, Lp + T)
+    positions = position_ids_from_mask(mask)  # (N, Lp + T)
+    cache_arg = cache_argument_name(body)
+    prefix = body(
+        input_ids=prompt_ids[::group, :-1],  # (P, Lp - 1)
+        attention_mask=prompt_mask[::group, :-1],
+        position_ids=positions[::group, : prompt_len - 1],
+        use_cache=True,
+        **{cache_arg: None},
+    )
+    cache = output_cache(prefix)
+    if cache is None or cache.get_seq_length() != prompt_len - 1 or not expand_cache(cache, group):
+        return None
+    suffix_ids = torch.cat([prompt_ids[:, -1:], completion_ids[:, :-1]], dim=1)  # (N, T)
+    out = body(
+        input_ids=suffix_ids,
+        attention_mask=mask[:, :-1],  # cached prefix + suffix keys
+        position_ids=positions[:, prompt_len - 1 : prompt_len - 1 + width],
+        use_cache=True,
+        **{cache_arg: cache},
+    )
+    return out.last_hidden_state  # (N, T, H)
+
+
+def _sharing_blocker(model, body, group_size, prompt_ids) -> str | None:
+    """Why the prefix-shared forward cannot run here (None when it can)."""
+    rows, prompt_len = prompt_ids.shape
+    if group_size is None or group_size < 2:
+        return "group_size is not set (>= 2)"
+    if rows % group_size:
+        return f"the batch of {rows} rows is not a multiple of group_size={group_size}"
+    if prompt_len < 2:
+        return "prompts are a single token"
+    grouped = prompt_ids.view(rows // group_size, group_size, prompt_len)
+    if not bool((grouped == grouped[:, :1]).all()):
+        return "rows of a group do not share their prompt (micro-batch not aligned to groups)"
+    if gradient_checkpointing_active(model) and body.training and torch.is_grad_enabled():
+        return "gradient checkpointing is active, and HF disables the KV cache under it"
+    return None
+
+
+def _completion_hidden(model, tensors, group_size, share_prompt_prefix):
+    body = _decoder_body(model)
+    if share_prompt_prefix:
+        blocker = _sharing_blocker(model, body, group_size, tensors[0])
+        if blocker is None:
+            hidden = _shared_hidden(body, group_size, *tensors)
+            if hidden is not None:
+                return hidden
+            blocker = (
+                "this model's KV cache cannot be filled with grad and expanded along the batch"
+            )
+        warn_once(
+            "train-share",
+            f"share_prompt_prefix: using the plain training forward because {blocker} "
+            "(same result, slower).",
+        )
+    return _plain_hidden(body, *tensors)
+
+
+def _chunk_logps(head, hidden, targets, temperature: float, softcap: float | None, entropy: bool):
+    """Head + float32 log-softmax + gather for one chunk: `(C, H)` -> `(C,)` log-probs (and entropy)."""
+    logits = head(hidden).float()  # (C, V); the matmul does not save its output: in-place is safe
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    if temperature != 1.0:
+        logits = logits.div_(temperature)
+    log_norm = torch.logsumexp(logits, dim=-1)  # (C,)
+    logps = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
+    if not entropy:
+        return logps, logps.new_zeros(0)
+    with torch.no_grad():
+        log_probs = logits - log_norm.unsqueeze(-1)
+        token_entropy = -(log_probs.exp() * log_probs).sum(-1)  # (C,)
+    return logps, token_entropy
+
+
+def _chunked_head(model, hidden, targets, temperature, chunk_size, want_entropy):
+    """Run the LM head over `(M, H)` selected positions in chunks; returns `(M,)` logps and entropy."""
+    base = unwrap_peft(model)
+    head = base.get_output_embeddings()
+    softcap = getattr(base.config, "final_logit_softcapping", None)
+    use_checkpoint = torch.is_grad_enabled() and hidden.requires_grad
+    logps, entropies = [], []
+    for start in range(0, hidden.size(0), chunk_size):
+        args = (head, hidden[start : start + chunk_size], targets[start : start + chunk_size])
+        args += (temperature, softcap, want_entropy)
+        if use_checkpoint:
+            chunk_logps, chunk_entropy = checkpoint(_chunk_logps, *args, use_reentrant=False)
+        else:
+            chunk_logps, chunk_entropy = _chunk_logps(*args)
+        logps.append(chunk_logps)
+        entropies.append(chunk_entropy)
+    return torch.cat(logps), torch.cat(entropies)
+
+
+def _check_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask, chunk_size):
+    if prompt_ids.shape != prompt_mask.shape or completion_ids.shape != completion_mask.shape:
+        raise ValueError(
+            "ids and masks must have the same shape: got prompt "
+            f"{tuple(prompt_ids.shape)} vs {tuple(prompt_mask.shape)}, completion "
+            f"{tuple(completion_ids.shape)} vs {tuple(completion_mask.shape)}."
+        )
+    if prompt_ids.size(0) != completion_ids.size(0):
+        raise ValueError(
+            f"prompt rows ({prompt_ids.size(0)}) != completion rows ({completion_ids.size(0)}); "
+            "repeat each prompt once per completion (RolloutBatch already does)."
+        )
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
+
+
+def completion_logprobs(
+    model: torch.nn.Module,
+    prompt_ids: torch.LongTensor,
+    prompt_mask: torch.LongTensor,
+    completion_ids: torch.LongTensor,
+    completion_mask: torch.LongTensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    group_size: int | None = None,
+    share_prompt_prefix: bool = False,
+    return_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs `(N, Tc)` float32 of each completion token (0 where `completion_mask` is 0).
+
+    Prompts are left-padded `(N, Lp)`, completions right-padded `(N, Tc)`. Differentiable when grad
+    is enabled. With `share_prompt_prefix` and `group_size`, rows p*G .. p*G+G-1 must share prompt
+    p. The entropy `(N, Tc)` (detached) is returned when `return_entropy`, else None.
+    """
+    _check_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask, chunk_size)
+    prompt_ids, prompt_mask, completion_ids, completion_mask = (
+        t.clone() if t.is_inference() else t  # tensors from inference_mode cannot enter autograd
+        for t in (prompt_ids, prompt_mask, completion_ids, completion_mask)
+    )
+    rows, full_width = completion_ids.shape
+    tensors = _trim_padding(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    width = tensors[2].size(1)
+    logps = torch.zeros(rows, full_width, dtype=torch.float32, device=completion_ids.device)
+    entropy = torch.zeros_like(logps) if return_entropy else None
+    if width == 0 or tensors[0].size(1) == 0:
+        return logps, entropy
+
+    keep_bnb_4bit_weights_trainable(model)
+    hidden = _completion_hidden(model, tensors, group_size, share_prompt_prefix)  # (N, T, H)
+    real = tensors[3].bool()  # (N, T)
+    selected_logps, selected_entropy = _chunked_head(
+        model,
+        hidden[real],  # (M, H)
+        tensors[2][real],  # (M,)
+        temperature if temperature > 0 else 1.0,
+        chunk_size,
+        return_entropy,
+    )
+    padded_real = torch.nn.functional.pad(real, (0, full_width - width))  # (N, Tc)
+    logps = logps.masked_scatter(padded_real, selected_logps)
+    if return_entropy:
+        entropy = entropy.masked_scatter(padded_real, selected_entropy.detach())
+    return logps, entropy

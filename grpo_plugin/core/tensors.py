@@ -1,0 +1,32 @@
+"""Padding and position helpers shared by generation and the training forward."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.LongTensor:
+    """Positions that skip left padding, as HF generation computes them: `(B, L)` -> `(B, L)`."""
+    positions = attention_mask.long().cumsum(-1) - 1  # (B, L)
+    return positions.clamp(min=0)
+
+
+def left_pad(
+    sequences: list[list[int]], pad_token_id: int, device: torch.device | str = "cpu"
+) -> tuple[torch.LongTensor, torch.LongTensor]:
+    """Left-pad token lists into `(ids, mask)`, both `(B, max_len)`."""
+    width = max(len(seq) for seq in sequences)
+    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        if seq:
+            ids[row, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+            mask[row, width - len(seq) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def pad_columns(x: torch.Tensor, width: int, value: int, left: bool) -> torch.Tensor:
+    """Pad `(B, L)` to `(B, width)` on the left or the right (no-op when already wide enough)."""
+    extra = width - x.shape[1]
+    return F.pad(x, (extra, 0) if left else (0, extra), value=value) if extra > 0 else x

@@ -1,0 +1,94 @@
+"""Prompts in, completions out: the tokenizer-side glue shared by training and evaluation.
+
+Chat prompts (lists of messages) go through the tokenizer's chat template with the generation
+prompt and no extra special tokens (as TRL); plain strings are tokenized as they are. Completions
+come back as strings for string prompts and as `[{"role": "assistant", "content": ...}]` for chat
+prompts, which is what TRL-style reward functions expect.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .generation import generate_groups
+from .types import Rollout, RolloutBatch, SamplingParams
+
+
+def encode_prompts(
+    tokenizer,
+    prompts: list[Any],
+    *,
+    max_prompt_length: int | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> list[list[int]]:
+    """Token ids of each prompt, keeping the last `max_prompt_length` tokens when set."""
+    encoded = []
+    for prompt in prompts:
+        if isinstance(prompt, list):
+            text = tokenizer.apply_chat_template(
+                prompt, tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {})
+            )
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        else:
+            ids = tokenizer(prompt)["input_ids"]
+        encoded.append(ids[-max_prompt_length:] if max_prompt_length else ids)
+    return encoded
+
+
+def decode_completions(
+    tokenizer, prompts: list[Any], batch: RolloutBatch
+) -> tuple[list[Any], list[list[int]]]:
+    """(completions, completion token ids) for a `RolloutBatch`; padding after EOS is dropped."""
+    ids = [row[m.bool()].tolist() for row, m in zip(batch.completion_ids, batch.completion_mask)]
+    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    completions = [
+        [{"role": "assistant", "content": t}] if isinstance(p, list) else t
+        for p, t in zip(prompts, texts)
+    ]
+    return completions, ids
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a completion: the tokenizer's EOS and the generation config's."""
+    ids = {tokenizer.eos_token_id}
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+    return sorted(i for i in ids if i is not None)
+
+
+def sample_groups(
+    model,
+    tokenizer,
+    rows: list[dict[str, Any]],
+    sampling: SamplingParams,
+    *,
+    num_generations: int,
+    max_prompt_length: int | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
+    share_prompt_prefix: bool = True,
+    generator: torch.Generator | None = None,
+) -> Rollout:
+    """Sample G completions for each dataset row and decode them (an unscored `Rollout`)."""
+    prompt_ids = encode_prompts(
+        tokenizer,
+        [r["prompt"] for r in rows],
+        max_prompt_length=max_prompt_length,
+        chat_template_kwargs=chat_template_kwargs,
+    )
+    batch = generate_groups(
+        model,
+        prompt_ids,
+        sampling,
+        num_generations=num_generations,
+        eos_token_ids=eos_token_ids(model, tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        share_prompt_prefix=share_prompt_prefix,
+        generator=generator,
+    )
+    repeated = [r for r in rows for _ in range(num_generations)]
+    prompts = [r["prompt"] for r in repeated]
+    completions, ids = decode_completions(tokenizer, prompts, batch)
+    columns = {k: [r[k] for r in repeated] for k in rows[0] if k != "prompt"}
+    return Rollout(rows, batch, prompts, completions, ids, columns)

@@ -1,0 +1,79 @@
+"""User-facing progress and run logs: one rich progress bar and `metrics.jsonl`.
+
+The Trainer's own tqdm bar and its dict-printing callback are replaced by `RichProgressCallback`,
+which shows step, reward, KL and seconds per step on a single line.
+"""
+
+from __future__ import annotations
+
+import time
+
+from transformers import TrainerCallback
+
+from .rundir import append_metrics
+
+
+class MetricsJsonlCallback(TrainerCallback):
+    """Append every log (train and eval) as one JSON line to `metrics.jsonl` (rundir)."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs:
+            append_metrics(args.output_dir, state.global_step, logs)
+
+
+class RichProgressCallback(TrainerCallback):
+    """One progress bar per run: step, mean reward, KL and seconds per optimizer step."""
+
+    def __init__(self) -> None:
+        self.progress = None
+        self.task = None
+        self._last = 0.0
+        # Preformatted strings: KL stays "-" when beta == 0 (no reference, nothing to show).
+        self._fields = {"reward": "-", "kl": "-", "sps": "-"}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self.progress = Progress(
+            TextColumn("[bold]GRPO"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("reward {task.fields[reward]}  kl {task.fields[kl]}"),
+            TextColumn("{task.fields[sps]} s/step"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+        )
+        self.progress.start()
+        self.task = self.progress.add_task("train", total=state.max_steps, **self._fields)
+        self.progress.update(self.task, completed=state.global_step)
+        self._last = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.progress is None:
+            return
+        now = time.perf_counter()
+        self._fields["sps"] = f"{now - self._last:.1f}"
+        self._last = now
+        self.progress.update(self.task, completed=state.global_step, **self._fields)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.progress is None or not logs:
+            return
+        for key, fmt in (("reward", "{:.3f}"), ("kl", "{:.4f}")):
+            if logs.get(key) is not None:
+                self._fields[key] = fmt.format(logs[key])
+        self.progress.update(self.task, **self._fields)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None

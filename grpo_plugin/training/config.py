@@ -1,0 +1,294 @@
+"""`GRPOConfig`: TRL's GRPO options (same names, same meanings) plus grpo-plugin's own.
+
+Defaults that differ from `transformers.TrainingArguments`:
+- `learning_rate=1e-5`: TRL's 1e-6 targets full fine-tuning. A LoRA update is a rank-r delta scaled by
+  alpha/r, and GRPO's per-step signal is small (most groups carry zero advantage early on), so LoRA GRPO
+  needs roughly 10x more; 1e-5 is safe for 0.5-8B models. Tiny models (the 135M demo) use 1e-4..5e-4.
+- `logging_steps=1`: one line of `metrics.jsonl` per optimizer step (rollout steps are expensive).
+- `bf16=None`: resolved to True only on a CUDA device that supports bf16; fp32 on CPU.
+- `report_to="none"`, `remove_unused_columns=False` (reward functions read the extra columns).
+- `gradient_checkpointing=False` (TRL turns it on; on small models it costs ~30% speed for nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import TrainingArguments
+
+from ..core.objectives import ESTIMATORS, LOSS_TYPES, check_loss_hyperparameters
+from ..core.objectives import IMPORTANCE_SAMPLING_LEVELS as IMPORTANCE_LEVELS
+from ..rollout.types import SamplingParams
+
+SCALE_REWARDS = ("group", "batch", "none")
+# scale_rewards (TRL's knob) -> our advantage estimator.
+_SCALE_TO_ESTIMATOR = {"group": "grpo", "batch": "batch", "none": "dr_grpo"}
+
+
+def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not supported; use one of {', '.join(allowed)}.")
+
+
+@dataclass
+class GRPOConfig(TrainingArguments):
+    """Configuration for `GRPOTrainer`. Every field has help text (`--help` in the CLI shows it)."""
+
+    # --- overridden TrainingArguments defaults -------------------------------------------------
+    learning_rate: float = field(
+        default=1e-5,
+        metadata={
+            "help": "AdamW learning rate. 1e-5 suits LoRA GRPO on 0.5-8B models (see module doc)."
+        },
+    )
+    logging_steps: float = field(
+        default=1, metadata={"help": "Log (and append to metrics.jsonl) every N optimizer steps."}
+    )
+    bf16: bool | None = field(
+        default=None,
+        metadata={
+            "help": "bf16 mixed precision. None: on when the CUDA device supports it, else fp32."
+        },
+    )
+    report_to: None | str | list[str] = field(
+        default="none",
+        metadata={"help": "Experiment trackers to report to ('none', 'wandb', ...)."},
+    )
+    remove_unused_columns: bool | None = field(
+        default=False,
+        metadata={"help": "Keep False: every dataset column reaches the reward functions."},
+    )
+
+    # --- model ----------------------------------------------------------------------------------
+    model_init_kwargs: dict[str, Any] | str | None = field(
+        default=None,
+        metadata={
+            "help": "Keyword arguments for `AutoModelForCausalLM.from_pretrained` when `model` is a "
+            "string: `dtype`, `quantization_config` (a BitsAndBytesConfig or its dict), ..."
+        },
+    )
+    disable_dropout: bool = field(
+        default=False, metadata={"help": "Set every dropout probability in the policy to 0."}
+    )
+
+    # --- generation -----------------------------------------------------------------------------
+    num_generations: int = field(
+        default=8, metadata={"help": "G: completions sampled per prompt (>= 2)."}
+    )
+    max_prompt_length: int | None = field(
+        default=None,
+        metadata={"help": "Keep only the last N prompt tokens (left truncation). None: no limit."},
+    )
+    max_completion_length: int = field(
+        default=256, metadata={"help": "Maximum number of generated tokens per completion."}
+    )
+    generation_batch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "Completions generated per rollout (per device). None: "
+            "per_device_train_batch_size * steps_per_generation. Must be divisible by G."
+        },
+    )
+    steps_per_generation: int | None = field(
+        default=None,
+        metadata={
+            "help": "Micro-batches trained on one rollout. None: gradient_accumulation_steps."
+        },
+    )
+    temperature: float = field(
+        default=1.0, metadata={"help": "Sampling temperature (> 0); log-probs use the same value."}
+    )
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass in (0, 1]."})
+    top_k: int = field(default=0, metadata={"help": "Top-k filtering; 0 disables it."})
+    repetition_penalty: float = field(
+        default=1.0, metadata={"help": "HF-style repetition penalty; 1.0 disables it."}
+    )
+    chat_template_kwargs: dict[str, Any] | None = field(
+        default=None, metadata={"help": "Extra keyword arguments for `apply_chat_template`."}
+    )
+    shuffle_dataset: bool = field(
+        default=True, metadata={"help": "Shuffle the prompts every epoch (seeded by `seed`)."}
+    )
+    share_prompt_prefix: bool = field(
+        default=True,
+        metadata={
+            "help": "Run each distinct prompt through the model once and share its KV cache with its "
+            "G completions, in generation and in the training forward (exact; faster)."
+        },
+    )
+    logprob_chunk_size: int = field(
+        default=1024,
+        metadata={"help": "Completion positions per LM-head chunk; bounds the logits memory."},
+    )
+
+    # --- objective ------------------------------------------------------------------------------
+    beta: float = field(
+        default=0.0,
+        metadata={"help": "k3 KL coefficient to the reference policy. 0 skips the reference pass."},
+    )
+    num_iterations: int = field(
+        default=1, metadata={"help": "mu: optimisation passes over each rollout."}
+    )
+    epsilon: float = field(default=0.2, metadata={"help": "Lower clip epsilon, in (0, 1)."})
+    epsilon_high: float | None = field(
+        default=None,
+        metadata={"help": "Upper clip epsilon (DAPO clip-higher, e.g. 0.28). None: = epsilon."},
+    )
+    loss_type: str = field(
+        default="dapo",
+        metadata={
+            "help": "Loss normalisation: 'grpo' (per-sequence mean), 'dapo' (per-token over the "
+            "batch), 'dr_grpo' (sum / (N * max_completion_length))."
+        },
+    )
+    importance_sampling_level: str = field(
+        default="token",
+        metadata={"help": "'token' ratios, or 'sequence' (GSPO: one length-normalised ratio)."},
+    )
+    scale_rewards: str = field(
+        default="group",
+        metadata={"help": "TRL's advantage scaling: 'group', 'batch' or 'none'."},
+    )
+    advantage_estimator: str | None = field(
+        default=None,
+        metadata={
+            "help": "'grpo' | 'dr_grpo' | 'rloo' | 'batch'. Overrides scale_rewards when set "
+            "(group->grpo, batch->batch, none->dr_grpo)."
+        },
+    )
+    reward_weights: list[float] | None = field(
+        default=None,
+        metadata={"help": "One weight per reward function; None weights each 1.0."},
+    )
+    mask_truncated_completions: bool = field(
+        default=False,
+        metadata={
+            "help": "Exclude completions that hit max_completion_length from the loss (DAPO)."
+        },
+    )
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata={
+            "help": "DAPO dynamic sampling: drop groups whose rewards all agree and refill the "
+            "batch with fresh prompts."
+        },
+    )
+    max_resample_rounds: int = field(
+        default=3,
+        metadata={"help": "Refill rounds per rollout for dynamic sampling before giving up."},
+    )
+
+    # --- logging --------------------------------------------------------------------------------
+    log_completions: bool = field(
+        default=False,
+        metadata={
+            "help": "Write completions/step_XXXXX.parquet (prompt, completion, rewards, advantage)."
+        },
+    )
+    zero_std_patience: int = field(
+        default=3,
+        metadata={
+            "help": "Warn once after this many steps in a row where every group had zero reward std."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.bf16 is None:
+            self.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+        if not torch.cuda.is_available():
+            self.dataloader_pin_memory = False  # avoids torch's warning; nothing to pin to
+        if isinstance(self.scale_rewards, bool):  # TRL accepts True/False
+            self.scale_rewards = "group" if self.scale_rewards else "none"
+        if self.gradient_checkpointing and self.gradient_checkpointing_kwargs is None:
+            self.gradient_checkpointing_kwargs = {"use_reentrant": False}
+        super().__post_init__()
+        self._check_choices()
+        self._check_numbers()
+        self._resolve_batches()
+
+    # --- validation ---------------------------------------------------------------------------
+    def _check_choices(self) -> None:
+        _choice("loss_type", self.loss_type, LOSS_TYPES)
+        _choice("importance_sampling_level", self.importance_sampling_level, IMPORTANCE_LEVELS)
+        _choice("scale_rewards", self.scale_rewards, SCALE_REWARDS)
+        if self.advantage_estimator is not None:
+            _choice("advantage_estimator", self.advantage_estimator, ESTIMATORS)
+
+    def _check_numbers(self) -> None:
+        if self.num_generations < 2:
+            raise ValueError(
+                f"num_generations={self.num_generations}: GRPO compares completions within a group, "
+                "so it needs at least 2 (RLOO too). Use num_generations=8 as a start."
+            )
+        check_loss_hyperparameters(
+            self.epsilon, self.epsilon_high, self.beta, self.max_completion_length
+        )
+        if self.temperature <= 0:
+            raise ValueError(
+                f"temperature={self.temperature} must be > 0 for training (log-probs divide by it)."
+            )
+        self.sampling_params()  # validates top_p, top_k and repetition_penalty
+        if self.logprob_chunk_size < 1:
+            raise ValueError(f"logprob_chunk_size={self.logprob_chunk_size} must be >= 1.")
+        if self.num_iterations < 1:
+            raise ValueError(f"num_iterations={self.num_iterations} must be >= 1.")
+        if self.max_resample_rounds < 0:
+            raise ValueError("max_resample_rounds must be >= 0.")
+        if self.auto_find_batch_size:
+            raise ValueError(
+                "auto_find_batch_size would split prompt groups; set it False and lower "
+                "per_device_train_batch_size instead."
+            )
+
+    def _resolve_batches(self) -> None:
+        per_step = self.per_device_train_batch_size
+        if self.generation_batch_size is not None and self.steps_per_generation is not None:
+            raise ValueError("Set generation_batch_size or steps_per_generation, not both.")
+        if self.generation_batch_size is not None:
+            if self.generation_batch_size % per_step:
+                raise ValueError(
+                    f"generation_batch_size={self.generation_batch_size} must be a multiple of "
+                    f"per_device_train_batch_size={per_step}."
+                )
+            self.steps_per_generation = self.generation_batch_size // per_step
+        if self.steps_per_generation is None:
+            self.steps_per_generation = self.gradient_accumulation_steps
+        self.generation_batch_size = per_step * self.steps_per_generation
+        if self.generation_batch_size % self.num_generations:
+            raise ValueError(
+                f"The generation batch ({self.generation_batch_size} completions = "
+                f"per_device_train_batch_size {per_step} x steps_per_generation "
+                f"{self.steps_per_generation}) is not divisible by num_generations="
+                f"{self.num_generations}: each prompt needs all its G completions in one rollout. "
+                f"Make per_device_train_batch_size a multiple of {self.num_generations}."
+            )
+
+    # --- derived values ------------------------------------------------------------------------
+    @property
+    def estimator(self) -> str:
+        """The advantage estimator in force: `advantage_estimator`, else mapped from scale_rewards."""
+        return self.advantage_estimator or _SCALE_TO_ESTIMATOR[self.scale_rewards]
+
+    def sampling_params(self) -> SamplingParams:
+        """The training rollout's sampling settings (validated by `SamplingParams`)."""
+        return SamplingParams(
+            max_new_tokens=self.max_completion_length,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k or None,
+            repetition_penalty=self.repetition_penalty,
+        )
+
+    @property
+    def prompts_per_generation(self) -> int:
+        """Distinct prompts in one rollout on this device."""
+        return self.generation_batch_size // self.num_generations
+
+    @property
+    def needs_old_logps(self) -> bool:
+        """True when a rollout is trained on after an optimizer step (so pi_old != pi_theta)."""
+        return (
+            self.num_iterations > 1 or self.steps_per_generation > self.gradient_accumulation_steps
+        )

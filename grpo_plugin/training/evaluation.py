@@ -1,0 +1,135 @@
+"""Held-out evaluation: greedy accuracy and unbiased pass@k under a verifiable reward.
+
+Generation goes through the same prefix-shared sampler as training (`rollout.generation`):
+greedy is temperature 0, and the k samples of pass@k share one prefill per prompt.
+
+`pass_at_k` is the unbiased estimator of Chen et al. 2021 ("Evaluating Large Language Models
+Trained on Code", https://arxiv.org/abs/2107.03374, eq. 1), in its numerically stable product form:
+    pass@k = 1 - C(n-c, k) / C(n, k) = 1 - prod_{i=n-c+1}^{n} (1 - k / i)
+for n samples of which c are correct.
+
+Reward functions follow TRL's contract, `fn(prompts=, completions=, completion_ids=, **columns)
+-> list[float | None]`: completions are strings for string prompts and
+`[{"role": "assistant", "content": text}]` for chat prompts; every other dataset column is
+passed by name. A `None` reward counts as wrong. A completion is correct when its reward is
+`>= success_threshold`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from datasets import Dataset
+
+from ..rollout.prompts import sample_groups
+from ..rollout.types import SamplingParams
+from .scoring import score_rollout
+
+RewardFn = Callable[..., list[float | None]]
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Probability that at least one of k draws (without replacement) from n samples, c of
+    them correct, is correct."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def _is_correct(reward: float, threshold: float) -> bool:
+    return not math.isnan(reward) and reward >= threshold
+
+
+def _score_batches(
+    model,
+    tokenizer,
+    dataset: Dataset,
+    reward_fn: RewardFn,
+    sampling: SamplingParams,
+    *,
+    num_return: int,
+    batch_size: int,
+    generator: torch.Generator | None = None,
+) -> list[list[float]]:
+    """Per prompt, the rewards (NaN = not scored) of its `num_return` completions."""
+    prompts_per_batch = max(1, batch_size // num_return)
+    per_prompt: list[list[float]] = []
+    for start in range(0, len(dataset), prompts_per_batch):
+        rows = [dataset[i] for i in range(start, min(start + prompts_per_batch, len(dataset)))]
+        rollout = sample_groups(
+            model, tokenizer, rows, sampling, num_generations=num_return, generator=generator
+        )
+        rewards = score_rollout(rollout, [reward_fn], torch.ones(1)).rewards
+        per_prompt += rewards.view(len(rows), num_return).tolist()
+    return per_prompt
+
+
+def evaluate(
+    model,
+    tokenizer,
+    dataset: Dataset,
+    reward_fn: RewardFn,
+    *,
+    k: int | None = 8,
+    num_samples: int | None = None,
+    max_new_tokens: int = 64,
+    batch_size: int = 32,
+    temperature: float = 1.0,
+    success_threshold: float = 1.0,
+    seed: int = 0,
+) -> dict[str, float | int]:
+    """Greedy accuracy and pass@k of `model` on `dataset` (needs a `prompt` column).
+
+    Returns `{"n", "accuracy", "mean_reward", "pass@k", "k", "num_samples"}` (the last three only
+    when k is a positive int). pass@k uses `num_samples` (default k, must be >= k) samples per
+    prompt at `temperature`, drawn from a generator seeded with `seed` (the global RNG is not
+    touched); `batch_size` bounds the number of sequences generated at once. The model's
+    train/eval mode is left as it was.
+    """
+    if "prompt" not in dataset.column_names:
+        raise ValueError(
+            f"evaluate needs a 'prompt' column; the dataset has {dataset.column_names}"
+        )
+    if len(dataset) == 0:
+        raise ValueError("evaluate got an empty dataset; give it at least one held-out prompt")
+    num_samples = num_samples or k
+    if k and num_samples < k:
+        raise ValueError(f"num_samples={num_samples} must be >= k={k} for pass@k")
+    was_training = model.training
+    model.eval()
+    try:
+        greedy_params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
+        greedy = _score_batches(
+            model, tokenizer, dataset, reward_fn, greedy_params, num_return=1, batch_size=batch_size
+        )
+        rewards = [r[0] for r in greedy]
+        result: dict[str, float | int] = {
+            "n": len(dataset),
+            "accuracy": sum(_is_correct(r, success_threshold) for r in rewards) / len(rewards),
+            "mean_reward": sum(r for r in rewards if not math.isnan(r)) / len(rewards),
+        }
+        if k:
+            generator = torch.Generator(device=model.device).manual_seed(seed)
+            sampled_params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
+            sampled = _score_batches(
+                model,
+                tokenizer,
+                dataset,
+                reward_fn,
+                sampled_params,
+                num_return=num_samples,
+                batch_size=batch_size,
+                generator=generator,
+            )
+            correct = [sum(_is_correct(r, success_threshold) for r in row) for row in sampled]
+            scores = [pass_at_k(num_samples, c, k) for c in correct]
+            result.update(
+                {f"pass@{k}": sum(scores) / len(scores), "k": k, "num_samples": num_samples}
+            )
+        return result
+    finally:
+        model.train(was_training)

@@ -1,0 +1,86 @@
+"""What a rollout tells the user: TRL-named reward metrics and the completion tables."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import torch
+
+from ..rollout.dynamic_sampling import informative_groups
+from ..rollout.types import Rollout
+
+
+def nanstd(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Population std ignoring NaN (0 where nothing was scored)."""
+    mean = torch.nanmean(x, dim=dim, keepdim=True)
+    return torch.nanmean((x - mean) ** 2, dim=dim).sqrt().nan_to_num(0.0)
+
+
+def reward_metrics(r: Rollout, names: Sequence[str]) -> dict[str, float]:
+    """TRL's metric names: reward, reward_std (mean within-group std), rewards/<fn>/{mean,std}, ..."""
+    group_size = r.group_size
+    out = {
+        "reward": torch.nanmean(r.rewards).item(),
+        "reward_std": torch.nanmean(nanstd(r.rewards.view(-1, group_size), dim=1)).item(),
+        "frac_reward_zero_std": 1.0
+        - informative_groups(r.rewards, group_size).float().mean().item(),
+        "completions/mean_length": r.batch.completion_mask.sum(dim=1).float().mean().item(),
+        "completions/clipped_ratio": r.batch.is_truncated.float().mean().item(),
+    }
+    for j, name in enumerate(names):
+        out[f"rewards/{name}/mean"] = torch.nanmean(r.per_func[:, j]).item()
+        out[f"rewards/{name}/std"] = nanstd(r.per_func[:, j], dim=0).item()
+    return out
+
+
+def completion_records(
+    r: Rollout, advantages: torch.Tensor, names: Sequence[str], step: int
+) -> dict[str, list]:
+    """Columns of `completions/step_XXXXX.parquet`: one row per completion."""
+    records: dict[str, list] = {
+        "step": [step] * len(r.completions),
+        "prompt": list(r.prompts),
+        "completion": r.completions,
+        "reward": r.rewards.tolist(),
+        "advantage": advantages.tolist(),
+    }
+    for j, name in enumerate(names):
+        records[f"rewards/{name}"] = r.per_func[:, j].tolist()
+    return records
+
+
+class MetricsWindow:
+    """Metrics collected between two logs; `flush` averages them into one log line.
+
+    Most keys are averaged over the values recorded; the timing keys in `PER_STEP_SUMS` are
+    summed per optimizer step and then averaged over the steps of the window.
+    """
+
+    PER_STEP_SUMS = ("timing/generate_s", "timing/reward_s", "timing/train_s")
+
+    def __init__(self) -> None:
+        self.values: dict[str, list[float]] = defaultdict(list)
+        self.last_logged_step = 0
+
+    def add(self, key: str, value: float) -> None:
+        self.values[key].append(float(value))
+
+    def update(self, metrics: dict[str, float]) -> None:
+        for key, value in metrics.items():
+            self.add(key, value)
+
+    def total(self, *keys: str) -> float:
+        return sum(sum(self.values.get(key, ())) for key in keys)
+
+    def flush(self, global_step: int) -> dict[str, float]:
+        """The window's averages; the window starts again empty."""
+        steps = max(1, global_step - self.last_logged_step)
+        out = {
+            key: sum(values) / (steps if key in self.PER_STEP_SUMS else len(values))
+            for key, values in self.values.items()
+            if values
+        }
+        self.values.clear()
+        self.last_logged_step = global_step
+        return out

@@ -1,0 +1,207 @@
+"""The one model-loading path: the trainer, `grpo-plugin eval` and the recipes all come through here.
+
+A policy is full, LoRA, or 4-bit NF4 QLoRA. The reference for a PEFT policy is the same weights
+with the adapter disabled: no second copy of the model. Only full fine-tuning with `beta > 0` pays
+for a frozen deep copy. Tokenizers pad on the LEFT (generation needs prompts flush right) and
+always have a pad token (eos when the checkpoint has none).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from ..models import resolve_model_path
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
+    from transformers import PreTrainedTokenizerBase
+
+# LoRA settings a recipe or `load_policy` gets unless it says otherwise.
+LORA_DEFAULTS = {"target_modules": "all-linear", "task_type": "CAUSAL_LM"}
+
+
+def is_peft_model(model: Any) -> bool:
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+def is_quantized(model: Any) -> bool:
+    return bool(
+        getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False)
+    )
+
+
+def default_dtype() -> torch.dtype:
+    """fp32 on CPU; bf16 on CUDA when the GPU supports it, else fp32."""
+    if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def lora_config(lora: dict[str, Any] | LoraConfig) -> LoraConfig:
+    """A `peft.LoraConfig` from a dict of its arguments (defaults: all-linear, CAUSAL_LM)."""
+    from peft import LoraConfig
+
+    if isinstance(lora, LoraConfig):
+        return lora
+    if not isinstance(lora, dict):
+        raise TypeError(
+            f"lora must be a dict of peft.LoraConfig arguments or a LoraConfig, "
+            f"got {type(lora).__name__}"
+        )
+    try:
+        return LoraConfig(**{**LORA_DEFAULTS, **lora})
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"lora: {' '.join(str(err).split())} (see peft.LoraConfig)") from err
+
+
+def nf4_quantization(compute_dtype: torch.dtype | str) -> dict[str, Any]:
+    """QLoRA's 4-bit base: NF4 with double quantization (a `BitsAndBytesConfig` as a dict)."""
+    if isinstance(compute_dtype, torch.dtype):
+        compute_dtype = str(compute_dtype).removeprefix("torch.")
+    return {
+        "load_in_4bit": True,
+        "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_use_double_quant": True,
+        "bnb_4bit_compute_dtype": compute_dtype,
+    }
+
+
+def model_init_kwargs(
+    kwargs: dict[str, Any] | None, *, bf16: bool = False, load_in_4bit: bool = False
+) -> dict[str, Any]:
+    """`from_pretrained` keyword arguments: dtype names become dtypes, a quantization dict a
+    `BitsAndBytesConfig`; `load_in_4bit` adds NF4 unless a quantization config is given."""
+    out = dict(kwargs or {})
+    if isinstance(out.get("dtype"), str) and out["dtype"] != "auto":
+        out["dtype"] = getattr(torch, out["dtype"])
+    out.setdefault("dtype", torch.bfloat16 if bf16 else torch.float32)
+    if load_in_4bit and "quantization_config" not in out:
+        compute = out["dtype"] if isinstance(out["dtype"], torch.dtype) else torch.float32
+        out["quantization_config"] = nf4_quantization(compute)
+    if isinstance(out.get("quantization_config"), dict):
+        from transformers import BitsAndBytesConfig
+
+        out["quantization_config"] = BitsAndBytesConfig(**out["quantization_config"])
+    if out.get("quantization_config") is not None and torch.cuda.is_available():
+        out.setdefault("device_map", {"": torch.cuda.current_device()})
+    return out
+
+
+def load_model(name: str, init_kwargs: dict[str, Any] | None = None) -> PreTrainedModel:
+    """`AutoModelForCausalLM.from_pretrained` on a path, Hub id or `embedded:` name."""
+    return AutoModelForCausalLM.from_pretrained(resolve_model_path(name), **(init_kwargs or {}))
+
+
+def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """Left padding (for batched generation) and a pad token (eos when the checkpoint has none)."""
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_tokenizer(model: PreTrainedModel, name: str | None) -> PreTrainedTokenizerBase:
+    """The tokenizer saved next to the model, left-padded, with a pad token."""
+    source = resolve_model_path(name) if name else model.config.name_or_path
+    return prepare_tokenizer(AutoTokenizer.from_pretrained(source))
+
+
+def wrap_policy(
+    model: PreTrainedModel,
+    peft_config: Any,
+    *,
+    gradient_checkpointing: bool = False,
+    disable_dropout: bool = False,
+) -> PreTrainedModel:
+    """Apply LoRA (after k-bit preparation for a quantized base) and the dropout/GC settings."""
+    if is_quantized(model) and peft_config is None and not is_peft_model(model):
+        raise ValueError(
+            "The model is loaded in 4/8-bit, whose base weights cannot be trained: pass a "
+            "peft_config (e.g. peft.LoraConfig(r=16, target_modules='all-linear'))."
+        )
+    if peft_config is not None:
+        from peft import get_peft_model, prepare_model_for_kbit_training
+
+        if is_quantized(model):
+            model = prepare_model_for_kbit_training(
+                model, use_gradient_checkpointing=gradient_checkpointing
+            )
+        model = get_peft_model(model, lora_config(peft_config))
+    if gradient_checkpointing and is_peft_model(model):
+        model.enable_input_require_grads()
+    if disable_dropout:
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+    return model
+
+
+def load_policy(
+    name_or_path: str,
+    *,
+    lora: dict[str, Any] | LoraConfig | None = None,
+    load_in_4bit: bool = False,
+    dtype: torch.dtype | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer, optionally 4-bit NF4 and/or wrapped with LoRA.
+
+    `name_or_path` is a local dir, a Hub id, or `embedded:smollm2-135m-instruct`. `dtype` defaults
+    to `default_dtype()`. A 4-bit model without `lora` is returned prepared for k-bit training
+    (evaluation of a saved adapter goes through `peft.PeftModel.from_pretrained` on it).
+    """
+    kwargs = model_init_kwargs({"dtype": dtype or default_dtype()}, load_in_4bit=load_in_4bit)
+    model = load_model(name_or_path, kwargs)
+    tokenizer = load_tokenizer(model, name_or_path)
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    if lora is not None:
+        return wrap_policy(model, lora), tokenizer
+    if load_in_4bit:
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    return model, tokenizer
+
+
+def build_reference(model: PreTrainedModel, beta: float) -> PreTrainedModel | None:
+    """A frozen copy for full fine-tuning with beta > 0; None otherwise (PEFT or beta == 0)."""
+    if beta == 0 or is_peft_model(model):
+        return None
+    if is_quantized(model):
+        raise ValueError("beta > 0 on a quantized model needs a LoRA adapter (pass peft_config).")
+    ref = copy.deepcopy(model).eval()
+    ref.requires_grad_(False)
+    return ref
+
+
+@contextlib.contextmanager
+def reference_mode(model: Any, ref_model: Any) -> Iterator[Any]:
+    """Yield the module that computes reference log-probs: the frozen copy or adapter-off."""
+    if ref_model is not None:
+        yield ref_model
+    elif is_peft_model(model):
+        with model.disable_adapter():
+            yield model
+    else:
+        raise RuntimeError(
+            "No reference policy: build_reference returned None for a non-PEFT model."
+        )
+
+
+@contextlib.contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """Eval mode (no dropout) for rollouts, restoring the previous mode afterwards."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)

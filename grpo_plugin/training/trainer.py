@@ -1,0 +1,447 @@
+"""`GRPOTrainer`: orchestration only. One optimizer step reads top to bottom:
+
+    _prepare_inputs(rows)          a micro-batch of the rollout buffer (a new rollout when due)
+      _build_rollout(rows)         the named steps of one rollout:
+        _sample_and_score            G completions per prompt (rollout/), rewards (scoring.py)
+        _record_reward_metrics       TRL-named metrics, the zero-std alarm
+        _refill                      DAPO dynamic sampling (rollout/dynamic_sampling.py)
+        _training_batch              advantages (core/objectives.py), loss mask
+        _add_policy_logps            old and reference log-probs, only when needed
+        _write_completions           completions/step_XXXXX.parquet
+        _shuffle_for_reuse           group-preserving shuffle when the rollout is reused
+    compute_loss(batch)            log-probs (core/logprobs.py) -> policy_loss (core/objectives.py)
+
+How it differs from TRL's trainer: each distinct prompt is prefilled once and its KV cache shared by
+its G completions (generation and training forward); no reference pass at beta == 0 and no
+old-policy pass when the rollout is used on-policy; DAPO dynamic sampling; reward-function errors
+name the function and the sample.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, Trainer, set_seed
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+import reward_fns
+
+from ..core.batching import (
+    PromptBatchSampler,
+    group_permutation,
+    identity_collate,
+    shared_group_size,
+)
+from ..core.logprobs import completion_logprobs
+from ..core.objectives import group_advantages, policy_loss
+from ..rollout.dynamic_sampling import refill
+from ..rollout.prompts import sample_groups
+from ..rollout.types import Rollout, TrainingBatch
+from . import rundir
+from .callbacks import MetricsJsonlCallback, RichProgressCallback
+from .config import GRPOConfig
+from .metrics import MetricsWindow, completion_records, reward_metrics
+from .policy import (
+    build_reference,
+    eval_mode,
+    load_model,
+    load_tokenizer,
+    model_init_kwargs,
+    prepare_tokenizer,
+    reference_mode,
+    wrap_policy,
+)
+from .scoring import score_rollout
+
+logger = logging.getLogger(__name__)
+
+
+def check_prompt_dataset(dataset: Any, name: str) -> Any:
+    """Accept a datasets.Dataset or a list of dicts; require a `prompt` column."""
+    if dataset is None:
+        return None
+    if isinstance(dataset, list):
+        from datasets import Dataset
+
+        dataset = Dataset.from_list(dataset)
+    columns = getattr(dataset, "column_names", None) or []
+    if "prompt" not in columns:
+        raise ValueError(
+            f"{name} has no 'prompt' column (columns: {columns}). Rename the column holding the "
+            "prompt text or chat messages, e.g. dataset.rename_column('question', 'prompt')."
+        )
+    return dataset
+
+
+def resolve_reward_funcs(reward_funcs: Any) -> list[Callable]:
+    funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    if not funcs:
+        raise ValueError("reward_funcs is empty: pass at least one reward function or name.")
+    return [f if callable(f) else reward_fns.resolve(f) for f in funcs]
+
+
+def reward_weight_tensor(weights: list[float] | None, num_funcs: int) -> torch.Tensor:
+    weights = weights or [1.0] * num_funcs
+    if len(weights) != num_funcs:
+        raise ValueError(
+            f"reward_weights has {len(weights)} entries for {num_funcs} reward functions; "
+            "give one weight per function."
+        )
+    return torch.tensor(weights, dtype=torch.float32)
+
+
+class GRPOTrainer(Trainer):
+    """TRL-compatible GRPO trainer (see `GRPOConfig` for every option).
+
+    `dataset_names` (Hub ids of the training data) may be set after construction; they are
+    written to `grpo_run.json` and the model card.
+    """
+
+    def __init__(
+        self,
+        model: str | PreTrainedModel,
+        reward_funcs: Callable | str | Sequence[Callable | str],
+        args: GRPOConfig | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: Any = None,
+        peft_config: Any = None,
+        callbacks: list | None = None,
+        optimizers: tuple = (None, None),
+    ):
+        model_name = model if isinstance(model, str) else model.config._name_or_path
+        args = args or GRPOConfig(output_dir=f"{Path(str(model_name)).name}-GRPO")
+        if not isinstance(args, GRPOConfig):
+            raise TypeError(f"args must be a grpo_plugin.GRPOConfig, got {type(args).__name__}.")
+        # Cheap checks first: nothing is loaded before the inputs are known to be usable.
+        train_dataset = check_prompt_dataset(train_dataset, "train_dataset")
+        eval_dataset = check_prompt_dataset(eval_dataset, "eval_dataset")
+        self.reward_funcs = resolve_reward_funcs(reward_funcs)
+        self.reward_names = [reward_fns.reward_name(f) for f in self.reward_funcs]
+        self.reward_weights = reward_weight_tensor(args.reward_weights, len(self.reward_funcs))
+        if not isinstance(model, str) and args.model_init_kwargs:
+            raise ValueError("model_init_kwargs only applies when `model` is a string; drop it.")
+        # The trainer keeps its own copy of the config: the user's object is never written to.
+        args = copy.copy(args)
+        self._hub_token, args.hub_token = args.hub_token, None  # never saved with the args
+        self.model_name = str(model_name)
+        self.dataset_names: list[str] = []
+        model, processing_class = self._load_policy(model, processing_class, peft_config, args)
+        self.ref_model = build_reference(model, args.beta)
+        super().__init__(
+            model=model,
+            args=args,
+            data_collator=identity_collate,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            callbacks=callbacks,
+            optimizers=optimizers,
+        )
+        self._replace_default_callbacks()
+        if self.ref_model is not None:
+            self.ref_model.to(self.args.device)
+        self.loss_is_scaled_for_ga = False  # the Trainer divides each micro-loss by GA
+        self.model_accepts_loss_kwargs = False
+        self._buffer: TrainingBatch | None = None
+        self._metrics = MetricsWindow()
+        self._seen_step, self._micro = -1, 0
+        self._zero_std_streak = 0
+        self._loss_tokens_per_slice = 1.0  # dapo's normaliser for the current rollout
+        self._rng = torch.Generator().manual_seed(args.seed)
+        self._share_group = shared_group_size(
+            args.num_generations, args.per_device_train_batch_size
+        )
+
+    def _load_policy(self, model, processing_class, peft_config, args):
+        if isinstance(model, str):
+            model = load_model(model, model_init_kwargs(args.model_init_kwargs, bf16=args.bf16))
+        name = self.model_name if isinstance(self.model_name, str) else None
+        tokenizer = prepare_tokenizer(processing_class or load_tokenizer(model, name))
+        set_seed(args.seed)  # LoRA initialisation draws from the global RNG: seed it first
+        model = wrap_policy(
+            model,
+            peft_config,
+            gradient_checkpointing=args.gradient_checkpointing,
+            disable_dropout=args.disable_dropout,
+        )
+        return model, tokenizer
+
+    def _replace_default_callbacks(self) -> None:
+        self.remove_callback(PrinterCallback)
+        self.remove_callback(ProgressCallback)
+        self.add_callback(MetricsJsonlCallback())
+        if not self.args.disable_tqdm:
+            self.add_callback(RichProgressCallback())
+
+    # --- data ----------------------------------------------------------------------------------
+    def _get_train_sampler(self, train_dataset=None) -> PromptBatchSampler:
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        a = self.args
+        repeats = a.steps_per_generation * a.num_iterations
+        return PromptBatchSampler(
+            len(dataset), a.prompts_per_generation, repeats, a.shuffle_dataset, a.seed
+        )
+
+    def get_train_dataloader(self):
+        if self.train_dataset is None:
+            raise ValueError("GRPOTrainer.train() needs a train_dataset with a 'prompt' column.")
+        return self._get_dataloader(
+            dataset=self.train_dataset,
+            description="Training",
+            batch_size=self.args.prompts_per_generation,
+            sampler_fn=self._get_train_sampler,
+            is_training=True,
+        )
+
+    def _prepare_inputs(self, rows: list[dict]) -> TrainingBatch:
+        """The micro-batch for this accumulation step; a new rollout every
+        `steps_per_generation * num_iterations` micro-steps."""
+        a = self.args
+        if self.state.global_step != self._seen_step:
+            self._seen_step, self._micro = self.state.global_step, 0
+        micro = self.state.global_step * a.gradient_accumulation_steps + self._micro
+        self._micro += 1
+        if micro % (a.steps_per_generation * a.num_iterations) == 0 or self._buffer is None:
+            self._buffer = self._build_rollout(rows)
+        index = micro % a.steps_per_generation
+        return self._buffer.micro_batch(index, a.per_device_train_batch_size)
+
+    # --- one rollout, step by step -------------------------------------------------------------
+    def _build_rollout(self, rows: list[dict]) -> TrainingBatch:
+        rollout = self._sample_and_score(rows)
+        self._record_reward_metrics(rollout)
+        if self.args.dynamic_sampling:
+            rollout = self._refill(rollout)
+        batch = self._training_batch(rollout).to(self.args.device)
+        batch = self._add_policy_logps(batch)
+        if self.args.log_completions:
+            self._write_completions(rollout, batch.advantages)
+        batch = self._shuffle_for_reuse(batch)
+        self._loss_tokens_per_slice = float(batch.loss_mask.sum()) / self.args.steps_per_generation
+        return batch
+
+    def _sample_and_score(self, rows: list[dict]) -> Rollout:
+        a = self.args
+        t0 = time.perf_counter()
+        model = self.accelerator.unwrap_model(self.model)
+        with eval_mode(model):
+            rollout = sample_groups(
+                model,
+                self.processing_class,
+                rows,
+                a.sampling_params(),
+                num_generations=a.num_generations,
+                max_prompt_length=a.max_prompt_length,
+                chat_template_kwargs=a.chat_template_kwargs,
+                share_prompt_prefix=a.share_prompt_prefix,
+                generator=self._rng,
+            )
+        t1 = time.perf_counter()
+        score_rollout(rollout, self.reward_funcs, self.reward_weights)
+        self._metrics.add("timing/generate_s", t1 - t0)
+        self._metrics.add("timing/reward_s", time.perf_counter() - t1)
+        tokens = rollout.batch.num_generated_tokens
+        self._metrics.add("generation/tokens_per_s", tokens / max(t1 - t0, 1e-9))
+        return rollout
+
+    def _record_reward_metrics(self, rollout: Rollout) -> None:
+        metrics = reward_metrics(rollout, self.reward_names)
+        self._metrics.update(metrics)
+        self._warn_on_zero_std(metrics["frac_reward_zero_std"])
+
+    def _warn_on_zero_std(self, frac_zero: float) -> None:
+        self._zero_std_streak = self._zero_std_streak + 1 if frac_zero >= 1.0 else 0
+        if self._zero_std_streak == self.args.zero_std_patience:
+            logger.warning(
+                "For %d rollouts in a row every group's G rewards were identical, so every advantage "
+                "and the policy loss are 0 and nothing is learned. The task is too hard or too easy "
+                "for the model: raise num_generations or temperature, use an easier or partial-credit "
+                "reward, or enable dynamic_sampling.",
+                self._zero_std_streak,
+            )
+
+    def _refill(self, rollout: Rollout) -> Rollout:
+        a = self.args
+
+        def fresh(k: int) -> Rollout:
+            idx = torch.randperm(len(self.train_dataset), generator=self._rng)[:k].tolist()
+            return self._sample_and_score([self.train_dataset[i] for i in idx])
+
+        pad_id = self.processing_class.pad_token_id
+        rollout, filtered = refill(rollout, a.num_generations, fresh, a.max_resample_rounds, pad_id)
+        self._metrics.add("dynamic_sampling/filtered_groups", filtered)
+        return rollout
+
+    def _training_batch(self, rollout: Rollout) -> TrainingBatch:
+        a, b = self.args, rollout.batch
+        grouped = rollout.rewards.view(-1, a.num_generations)  # (P, G)
+        advantages = group_advantages(grouped, estimator=a.estimator).reshape(-1)  # (N,)
+        loss_mask = b.completion_mask.clone()  # (N, Tc)
+        if a.mask_truncated_completions:
+            loss_mask[b.is_truncated] = 0
+        return TrainingBatch(
+            prompt_ids=b.prompt_ids,
+            prompt_mask=b.prompt_mask,
+            completion_ids=b.completion_ids,
+            completion_mask=b.completion_mask,
+            loss_mask=loss_mask,
+            advantages=advantages.float(),
+        )
+
+    @torch.no_grad()
+    def _add_policy_logps(self, batch: TrainingBatch) -> TrainingBatch:
+        """Old log-probs when the rollout is reused after an update; reference ones when beta > 0."""
+        if self.args.needs_old_logps:
+            batch.old_logps = self._logps(self.model, batch)[0]
+        if self.args.beta > 0:
+            model = self.accelerator.unwrap_model(self.model)
+            with reference_mode(model, self.ref_model) as ref:
+                batch.ref_logps = self._logps(ref, batch)[0]
+        return batch
+
+    def _write_completions(self, rollout: Rollout, advantages: torch.Tensor) -> None:
+        if not self.is_world_process_zero():
+            return
+        step = self.state.global_step
+        records = completion_records(rollout, advantages.cpu(), self.reward_names, step)
+        rundir.write_completions_parquet(
+            rundir.completions_file(self.args.output_dir, step), records
+        )
+
+    def _shuffle_for_reuse(self, batch: TrainingBatch) -> TrainingBatch:
+        a, G = self.args, self.args.num_generations
+        reused = a.num_iterations > 1 or a.steps_per_generation > 1
+        if not reused or a.per_device_train_batch_size % G:
+            return batch
+        return batch.select(group_permutation(len(batch), G, self._rng).to(batch.advantages.device))
+
+    # --- loss ----------------------------------------------------------------------------------
+    def _logps(self, model, batch: TrainingBatch, entropy: bool = False):
+        return completion_logprobs(
+            model,
+            batch.prompt_ids,
+            batch.prompt_mask,
+            batch.completion_ids,
+            batch.completion_mask,
+            temperature=self.args.temperature,
+            chunk_size=self.args.logprob_chunk_size,
+            group_size=self._share_group,
+            share_prompt_prefix=self.args.share_prompt_prefix,
+            return_entropy=entropy,
+        )
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        start = time.perf_counter()
+        rollout_keys = ("timing/generate_s", "timing/reward_s")
+        spent_before = self._metrics.total(*rollout_keys)
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        spent = self._metrics.total(*rollout_keys) - spent_before
+        self._metrics.add("timing/train_s", time.perf_counter() - start - spent)
+        return loss
+
+    def compute_loss(
+        self, model, inputs: TrainingBatch, return_outputs=False, num_items_in_batch=None
+    ):
+        a = self.args
+        logps, entropy = self._logps(model, inputs, entropy=True)  # (n, Tc)
+        mask = inputs.loss_mask
+        loss, stats = policy_loss(
+            logps,
+            inputs.old_logps,
+            inputs.ref_logps,
+            inputs.advantages,
+            mask,
+            loss_type=a.loss_type,
+            importance_sampling_level=a.importance_sampling_level,
+            epsilon_low=a.epsilon,
+            epsilon_high=a.epsilon_high,
+            beta=a.beta,
+            max_completion_length=a.max_completion_length,
+        )
+        if a.loss_type == "dapo":  # per-token mean over the whole rollout, not this micro-batch
+            loss = loss * max(float(mask.sum()), 1.0) / max(self._loss_tokens_per_slice, 1.0)
+        self._record_loss_metrics(stats, entropy, inputs.completion_mask)
+        return (loss, None) if return_outputs else loss
+
+    def _record_loss_metrics(self, stats: dict, entropy: torch.Tensor, completion_mask) -> None:
+        for key in ("clip_ratio/low", "clip_ratio/high", "clip_ratio/region"):
+            self._metrics.add(f"{key}_mean", stats[key])
+        if "kl" in stats:
+            self._metrics.add("kl", stats["kl"])
+        valid = completion_mask.bool()
+        if entropy is not None and valid.any():
+            self._metrics.add("entropy", entropy[valid].mean().item())
+
+    # --- logging, evaluation, saving ------------------------------------------------------------
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs:  # a training log: add this window's rollout metrics
+            logs.update(self._metrics.flush(self.state.global_step))
+        super().log(logs, start_time)
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
+        """Greedy held-out accuracy under the first reward function (1.0 = correct)."""
+        from .evaluation import evaluate as run_eval
+
+        dataset = check_prompt_dataset(eval_dataset, "eval_dataset") or self.eval_dataset
+        if dataset is None:
+            raise ValueError("evaluate() needs an eval_dataset with a 'prompt' column.")
+        model = self.accelerator.unwrap_model(self.model)
+        result = run_eval(
+            model,
+            self.processing_class,
+            dataset,
+            self.reward_funcs[0],
+            k=0,
+            max_new_tokens=self.args.max_completion_length,
+        )
+        metrics = {f"{metric_key_prefix}_accuracy": result["accuracy"]}
+        self.log(dict(metrics))
+        self.control = self.callback_handler.on_evaluate(
+            self.args, self.state, self.control, metrics
+        )
+        return metrics
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        super().save_model(output_dir, _internal_call)
+        if self.is_world_process_zero():
+            out = Path(output_dir or self.args.output_dir)
+            rundir.write_json(out / rundir.RUN_INFO_FILE, self.run_summary())
+
+    def run_summary(self) -> dict[str, Any]:
+        """The run facts that model cards need (`grpo_run.json`)."""
+        return rundir.run_summary(
+            self.args,
+            self.accelerator.unwrap_model(self.model),
+            self.model_name,
+            self.reward_names,
+            self.reward_weights,
+            self.state.global_step,
+            self.dataset_names,
+        )
+
+    def push_to_hub(self, repo_id: str | None = None, *, token: str | None = None, **kwargs) -> str:
+        """Save, plot, write the model card and publish the output dir as one commit.
+
+        `kwargs` go to `grpo_plugin.app.hub.publish` (private, merge, revision, commit_message,
+        ...); the card is the same one `grpo-plugin publish` uploads.
+        """
+        from ..app.card import write_model_card
+        from ..app.hub import publish
+        from ..app.plot import plot_reward_curve
+
+        repo_id = repo_id or self.args.hub_model_id
+        if not repo_id:
+            raise ValueError("push_to_hub needs repo_id='user/name' (or GRPOConfig.hub_model_id).")
+        out = Path(self.args.output_dir)
+        self.save_model(str(out))
+        if (out / rundir.METRICS_FILE).exists():
+            plot_reward_curve(out)
+        write_model_card(out)
+        return publish(out, repo_id, token=token or self._hub_token, **kwargs)

@@ -1,0 +1,64 @@
+"""Smoke test for benchmarks/vs_trl.py: the harness runs end to end and writes its JSON.
+
+One step of each trainer on the tiny random model (no speed claim), plus one scaling cell.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import REPO_ROOT, load_script
+
+pytest.importorskip("trl")
+HARNESS = REPO_ROOT / "benchmarks" / "vs_trl.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_script(HARNESS, "vs_trl")
+
+
+def test_reward_matches_last_number(bench):
+    completions = [[{"role": "assistant", "content": "3 + 4 = 7"}], "so 1,200.", "no idea", "7.5"]
+    answers = ["7", "blah #### 1200", "3", "7"]
+    assert bench.exact_answer_reward(completions, answers) == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_child_flags_round_trip(bench):
+    opts = bench.parse_args(["--model-dir", "/m", "--steps", "3", "--bf16"])
+    flags = bench.child_flags(opts, config="short", max_new_tokens=7, ignore_eos=True)
+    child = bench.parse_args(["--child", "--trainer", "ours", *flags])
+    assert (child.config, child.max_new_tokens, child.steps) == ("short", 7, 3)
+    assert child.bf16 and child.ignore_eos and not child.load_in_4bit
+
+
+def test_one_lockstep_step_of_each_trainer(bench, tiny_model_dir, tmp_path):
+    out = tmp_path / "bench.json"
+    argv = ["--configs", "short", "--model-dir", str(tiny_model_dir), "--steps", "1",
+            "--warmup", "0", "--max-new-tokens", "3", "--out", str(out)]  # fmt: skip
+    bench.main(argv)
+    report = json.loads(out.read_text())
+    short = report["results"]["short"]
+    for name in ("ours", "trl"):
+        s = short[name]
+        assert len(s["steps"]) == 1
+        assert s["median_step_s"] > 0 and s["peak_rss_mb"] >= s["setup_rss_mb"] > 50
+        assert 0 < s["median_tokens"] <= 16 * 3  # 16 completions of at most 3 tokens
+        parts = s["median_generate_s"] + s["median_score_s"] + s["median_train_s"]
+        assert parts == pytest.approx(s["median_step_s"], rel=1e-6)
+    assert short["ours"]["prompt_tokens"] == short["trl"]["prompt_tokens"] > 10
+    assert len(short["ratio"]["step_time_pairs"]) == 1
+    assert short["ratio"]["step_time"] > 0 and short["ratio"]["peak_memory"] > 0
+    assert report["trl_args"]["use_vllm"] is False
+    assert report["shared_args"]["gradient_checkpointing"] is False
+
+
+def test_scaling_cell_decodes_full_length(bench, tiny_model_dir, tmp_path):
+    out = tmp_path / "scaling.json"
+    argv = ["--scaling", "--lengths", "5", "--groups", "2", "--scaling-steps", "1",
+            "--warmup", "0", "--model-dir", str(tiny_model_dir), "--out", str(out)]  # fmt: skip
+    bench.main(argv)
+    (cell,) = json.loads(out.read_text())["scaling"]
+    assert (cell["max_new_tokens"], cell["num_generations"]) == (5, 2)
+    assert cell["median_tokens"] == 2 * 2 * 5  # EOS ignored: 2 prompts x G=2 x 5 tokens

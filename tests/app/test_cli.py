@@ -1,0 +1,145 @@
+"""`grpo-plugin` CLI: bad recipes fail early with one line and exit 2; `rewards`; `eval`; help."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpo_plugin import cli
+
+GOOD = (
+    "dataset: {name: arithmetic, train_size: 4, eval_size: 4}\n"
+    "reward_funcs: [last_integer]\n"
+    "num_generations: 4\nper_device_train_batch_size: 8\nmax_steps: 1\noutput_dir: {out}\n"
+)
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """Fail the test if the CLI gets as far as loading a model."""
+
+    def boom(*args, **kwargs):
+        raise AssertionError("train_recipe was reached: the recipe should have been rejected")
+
+    monkeypatch.setattr("grpo_plugin.app.pipeline.train_recipe", boom)
+
+
+def _recipe(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text.replace("{out}", str(tmp_path / "out")))
+    return str(path)
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
+    assert "Traceback" not in err
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def test_good_recipe_dry_run(tmp_path, capsys, no_training):
+    assert cli.main(["train", _recipe(tmp_path, GOOD), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "OK" in out and "G=4" in out
+
+
+@pytest.mark.parametrize(
+    ("text", "flags", "expected"),
+    [
+        # unknown key, with a close-match suggestion
+        (GOOD + "num_generatons: 4\n", [], "did you mean 'num_generations'"),
+        (GOOD, ["--lerning_rate", "1e-4"], "did you mean 'learning_rate'"),
+        (GOOD.replace("eval_size: 4", "eval_sise: 4"), [], "Did you mean 'eval_size'"),
+        # unknown reward
+        (GOOD.replace("[last_integer]", "[last_intger]"), [], "did you mean 'last_integer'"),
+        # G does not divide the batch
+        (
+            GOOD.replace("num_generations: 4", "num_generations: 3"),
+            [],
+            "not divisible by num_generations=3",
+        ),
+        # a reward reads a column the dataset does not have
+        (
+            GOOD.replace("[last_integer]", "[{name: gsm8k, params: {column_name: solution}}]"),
+            [],
+            "needs dataset column(s) ['solution']",
+        ),
+        # unknown eval key
+        (GOOD + "eval: {kk: 4}\n", [], "did you mean 'k'"),
+    ],
+    ids=["key", "flag", "dataset-key", "reward", "G", "column", "eval-key"],
+)
+def test_bad_recipe_gives_one_line_and_exit_2(tmp_path, capsys, no_training, text, flags, expected):
+    assert cli.main(["train", _recipe(tmp_path, text), *flags]) == 2
+    assert expected.lower() in _one_error_line(capsys).lower()
+
+
+def test_missing_column_in_a_data_file(tmp_path, capsys, no_training):
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"prompt": "What is 1 + 1?", "gold": "2"}) + "\n")
+    text = GOOD.replace("{name: arithmetic, train_size: 4, eval_size: 4}", f"{{path: {data}}}")
+    assert cli.main(["train", _recipe(tmp_path, text)]) == 2
+    line = _one_error_line(capsys)
+    assert "'last_integer'" in line and "['answer']" in line and "gold" in line
+
+
+def test_missing_recipe_file(tmp_path, capsys, no_training):
+    assert cli.main(["train", str(tmp_path / "nope.yaml")]) == 2
+    assert "not found" in _one_error_line(capsys)
+
+
+def test_bad_recipe_in_a_real_subprocess(tmp_path):
+    """The console script's path: no traceback and no library warnings, just one line."""
+    text = GOOD.replace("num_generations: 4", "num_generations: 3")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "grpo_plugin.cli", "train", _recipe(tmp_path, text)],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "num_generations=3" in lines[0]
+
+
+def test_rewards_lists_the_registry(capsys):
+    import reward_fns
+
+    assert cli.main(["rewards"]) == 0
+    out = capsys.readouterr().out
+    assert out.strip() == reward_fns.format_registry().strip()
+    for name in ("last_integer", "gsm8k", "think_format", "soft_overlong"):
+        assert f"\n{name} " in out
+
+
+def test_train_help_lists_every_key(capsys):
+    assert cli.main(["train", "--help"]) == 0
+    out = capsys.readouterr().out
+    for key in ("--reward_funcs", "--num_generations", "--load_in_4bit", "--epsilon_high"):
+        assert key in out
+    assert "first one is the accuracy reward" in " ".join(out.split())
+
+
+def test_eval_on_a_tiny_model(tiny_model_dir, tmp_path, capsys):
+    out_file = tmp_path / "eval.json"
+    code = cli.main([
+        "eval", "--model", str(tiny_model_dir), "--dataset", "arithmetic", "--eval-size", "3",
+        "--reward", "last_integer", "--k", "2", "--max-new-tokens", "4", "--output", str(out_file),
+    ])  # fmt: skip
+    assert code == 0
+    result = json.loads(out_file.read_text())
+    assert result["n"] == 3 and 0.0 <= result["accuracy"] <= 1.0
+    assert 0.0 <= result["pass@2"] <= 1.0 and result["reward"] == "last_integer"
+    assert json.loads(capsys.readouterr().out)["n"] == 3
+
+
+def test_eval_unknown_reward(capsys):
+    assert cli.main(["eval", "--model", "x", "--dataset", "arithmetic", "--reward", "nope"]) == 2
+    assert "unknown reward 'nope'" in _one_error_line(capsys)

@@ -1,0 +1,165 @@
+"""Prompt datasets: generated arithmetic, the real GSM8K jsonl, custom files and spec validation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import GSM8K_DIR
+from datasets import Dataset
+
+from grpo_plugin.app.data import (
+    arithmetic_dataset,
+    gsm8k_dataset,
+    load_prompt_datasets,
+    require_columns,
+    validate_dataset_spec,
+)
+
+GSM8K_TRAIN = GSM8K_DIR / "train.jsonl"
+GSM8K_TEST = GSM8K_DIR / "test.jsonl"
+needs_gsm8k = pytest.mark.skipif(not GSM8K_TRAIN.is_file(), reason="shared GSM8K data not present")
+
+
+def _pairs(dataset):
+    return {m[-1]["content"] for m in dataset["prompt"]}
+
+
+def test_arithmetic_answers_are_the_sums():
+    train, held_out = arithmetic_dataset(16, 8, low=3, high=9, seed=1)
+    assert (len(train), len(held_out)) == (16, 8)
+    for messages, answer in zip(train["prompt"], train["answer"]):
+        assert messages == [{"role": "user", "content": messages[0]["content"]}]
+        a, b = (
+            int(x)
+            for x in messages[0]["content"].removeprefix("What is ").removesuffix("?").split(" + ")
+        )
+        assert 3 <= a <= 9 and 3 <= b <= 9
+        assert answer == str(a + b)
+
+
+def test_arithmetic_is_seeded_and_splits_are_disjoint():
+    train, held_out = arithmetic_dataset(64, 64, seed=0)
+    again, _ = arithmetic_dataset(64, 64, seed=0)
+    other, _ = arithmetic_dataset(64, 64, seed=1)
+    assert train["prompt"] == again["prompt"]
+    assert train["prompt"] != other["prompt"]
+    assert len(_pairs(train)) == 64 and len(_pairs(held_out)) == 64
+    assert not _pairs(train) & _pairs(held_out)
+
+
+def test_arithmetic_template_and_system_prompt():
+    train, _ = arithmetic_dataset(
+        2, 1, low=1, high=2, template="Add {a} and {b}.", system_prompt="Be brief."
+    )
+    first = train[0]["prompt"]
+    assert first[0] == {"role": "system", "content": "Be brief."}
+    assert first[1]["content"].startswith("Add ")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(n_train=3, n_eval=2, low=1, high=2), "distinct pairs"),  # only 4 pairs
+        (dict(low=5, high=1), "low=5"),
+        (dict(template="What is {a}?"), "template"),
+    ],
+)
+def test_arithmetic_rejects_bad_settings(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        arithmetic_dataset(**kwargs)
+
+
+@needs_gsm8k
+def test_gsm8k_local_jsonl_becomes_chat_prompts():
+    dataset = gsm8k_dataset(str(GSM8K_TRAIN), system_prompt="Solve it.", n=5)
+    assert len(dataset) == 5 and set(dataset.column_names) == {"prompt", "answer"}
+    first = dataset[0]
+    assert first["prompt"][0] == {"role": "system", "content": "Solve it."}
+    assert first["prompt"][1]["content"].startswith("Natalia sold clips")
+    assert first["answer"].endswith("#### 72")
+
+
+@needs_gsm8k
+def test_load_spec_gsm8k_with_local_train_and_eval():
+    spec = {
+        "name": "gsm8k",
+        "path": str(GSM8K_TRAIN),
+        "eval_path": str(GSM8K_TEST),
+        "train_size": 8,
+        "eval_size": 4,
+    }
+    train, held_out = load_prompt_datasets(spec)
+    assert (len(train), len(held_out)) == (8, 4)
+    assert train[0]["prompt"][-1]["role"] == "user"
+    assert "####" in held_out[0]["answer"]
+    assert train[0]["prompt"] != held_out[0]["prompt"]
+
+
+def test_load_spec_arithmetic_defaults():
+    train, held_out = load_prompt_datasets({"name": "arithmetic", "train_size": 10, "seed": 3})
+    assert (len(train), len(held_out)) == (10, 64)
+    assert train["prompt"] == arithmetic_dataset(10, 64, seed=3)[0]["prompt"]
+
+
+def _write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_load_spec_custom_jsonl_and_parquet(tmp_path):
+    rows = [{"prompt": f"q{i}", "answer": str(i)} for i in range(5)]
+    train_path = _write_jsonl(tmp_path / "train.jsonl", rows)
+    eval_path = str(tmp_path / "eval.parquet")
+    Dataset.from_list(rows[:2]).to_parquet(eval_path)
+    train, held_out = load_prompt_datasets(
+        {"path": train_path, "eval_path": eval_path, "train_size": 3}
+    )
+    assert train["prompt"] == ["q0", "q1", "q2"]
+    assert held_out["answer"] == ["0", "1"]
+    train_only, none = load_prompt_datasets({"path": train_path})
+    assert len(train_only) == 5 and none is None
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ({"name": "arithmetc"}, "Did you mean 'arithmetic'"),
+        ({"name": "arithmetic", "train_szie": 3}, "Did you mean 'train_size'"),
+        ({"name": "arithmetic", "path": "x.jsonl"}, "unknown key 'path'"),
+        ({"name": "gsm8k", "path": "/no/such/file.jsonl"}, "does not exist"),
+        ({"eval_path": "x.jsonl"}, "give `name`"),
+        ({"name": "arithmetic", "train_size": "64"}, "must be an integer"),
+        ("arithmetic", "must be a mapping"),
+    ],
+)
+def test_validate_spec_errors_say_the_fix(spec, match):
+    with pytest.raises(ValueError, match=match):
+        validate_dataset_spec(spec)
+
+
+def test_validate_spec_checks_columns_of_local_files(tmp_path):
+    path = _write_jsonl(tmp_path / "d.jsonl", [{"question": "q", "answer": "1"}])
+    with pytest.raises(ValueError, match=r"lacks column\(s\) \['prompt'\]"):
+        validate_dataset_spec({"path": path})
+    validate_dataset_spec({"name": "gsm8k", "path": path})  # gsm8k reads `question`
+    parquet = str(tmp_path / "d.parquet")
+    Dataset.from_dict({"text": ["x"]}).to_parquet(parquet)
+    with pytest.raises(ValueError, match="lacks column"):
+        validate_dataset_spec(
+            {"path": _write_jsonl(tmp_path / "ok.jsonl", [{"prompt": "p"}]), "eval_path": parquet}
+        )
+
+
+def test_validate_spec_accepts_hub_ids_without_network():
+    validate_dataset_spec({"name": "gsm8k"})
+    validate_dataset_spec(
+        {"name": "gsm8k", "path": "openai/gsm8k", "split": "train", "eval_split": "test"}
+    )
+
+
+def test_require_columns_names_missing_and_present():
+    dataset = Dataset.from_dict({"prompt": ["p"], "solution": ["1"]})
+    require_columns(dataset, ["prompt"])
+    with pytest.raises(ValueError, match=r"missing column\(s\) \['answer'\].*'solution'"):
+        require_columns(dataset, ["prompt", "answer"])

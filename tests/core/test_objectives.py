@@ -1,0 +1,495 @@
+"""Tests for grpo_plugin.objectives: hand-derived values, clip boundaries, gradcheck, k3, errors,
+and agreement with an independent float64 numpy implementation of the issue's specification."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from grpo_plugin.core.objectives import (
+    ESTIMATORS,
+    IMPORTANCE_SAMPLING_LEVELS,
+    LOSS_TYPES,
+    PAPERS,
+    group_advantages,
+    kl_k3,
+    objective_name,
+    policy_loss,
+)
+
+STAT_KEYS = {"clip_ratio/low", "clip_ratio/high", "clip_ratio/region", "ratio/mean"}
+NAN = float("nan")
+
+
+def t64(values) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def zeros(*shape: int) -> torch.Tensor:
+    return torch.zeros(*shape, dtype=torch.float64)
+
+
+R2 = math.sqrt(2)  # (1, 0, 0): mean 1/3, population std sqrt(2)/3 -> (sqrt 2, -1/sqrt 2, -1/sqrt 2)
+
+
+# ----------------------------------------------------------------------------- advantages
+
+
+def test_grpo_advantages_of_one_correct_answer_in_three():
+    adv = group_advantages(t64([[1.0, 0.0, 0.0]]))
+    assert torch.allclose(adv, t64([[R2, -1 / R2, -1 / R2]]), atol=1e-7)
+    assert torch.allclose(adv, t64([[1.4142, -0.7071, -0.7071]]), atol=1e-4)
+
+
+def test_uniform_group_gives_exact_zeros():
+    for estimator in ESTIMATORS:
+        adv = group_advantages(t64([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]), estimator=estimator)
+        assert torch.equal(adv, zeros(2, 3)), estimator
+
+
+def test_rloo_and_dr_grpo_advantages():
+    rewards = t64([[1.0, 0.0, 0.0]])
+    assert torch.allclose(group_advantages(rewards, "rloo"), t64([[1.0, -0.5, -0.5]]))
+    assert torch.allclose(group_advantages(rewards, "dr_grpo"), t64([[2 / 3, -1 / 3, -1 / 3]]))
+
+
+def test_batch_estimator_uses_batch_std_and_group_mean():
+    # batch mean 2/3, batch variance (4 * 1/9 + 2 * 4/9) / 6 = 2/9 -> std sqrt(2)/3
+    adv = group_advantages(t64([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]]), "batch")
+    assert torch.allclose(adv, t64([[R2, -1 / R2, -1 / R2], [0.0, 0.0, 0.0]]), atol=1e-7)
+    assert torch.equal(group_advantages(t64([[2.0, 2.0], [2.0, 2.0]]), "batch"), zeros(2, 2))
+
+
+def test_std_at_or_below_eps_gives_zero():
+    rewards = t64([[0.0, 0.1]])  # population std 0.05
+    assert torch.equal(group_advantages(rewards, eps=0.05), zeros(1, 2))
+    assert torch.allclose(group_advantages(rewards, eps=0.04), t64([[-0.05 / 0.09, 0.05 / 0.09]]))
+    assert torch.equal(group_advantages(rewards, "batch", eps=0.05), zeros(1, 2))
+
+
+def test_nan_rewards_are_left_out_and_get_zero():
+    rewards = t64([[1.0, NAN, 0.0, 0.0], [1.0, NAN, NAN, NAN], [NAN] * 4])
+    grpo = group_advantages(rewards)
+    assert torch.allclose(grpo[0], t64([R2, 0.0, -1 / R2, -1 / R2]), atol=1e-7)
+    assert torch.equal(grpo[1:], zeros(2, 4))
+    rloo = group_advantages(rewards, "rloo")
+    assert torch.allclose(rloo[0], t64([1.0, 0.0, -0.5, -0.5]))
+    assert torch.equal(rloo[1:], zeros(2, 4))
+    for estimator in ESTIMATORS:
+        assert not torch.isnan(group_advantages(rewards, estimator)).any(), estimator
+
+
+def test_batch_estimator_ignores_nan_and_short_rows():
+    # scored rewards 1, 0, 0 (row 0) and 5 (row 1, alone -> zeros): batch std over {1, 0, 0, 5}
+    rewards = t64([[1.0, 0.0, 0.0], [5.0, NAN, NAN]])
+    std = np.std([1.0, 0.0, 0.0, 5.0])
+    adv = group_advantages(rewards, "batch")
+    assert torch.allclose(adv[0], t64([2 / 3, -1 / 3, -1 / 3]) / (std + 1e-8))
+    assert torch.equal(adv[1], zeros(3))
+
+
+def test_advantages_keep_float32_and_accept_ints():
+    adv32 = group_advantages(torch.tensor([[1.0, 0.0]], dtype=torch.float32))
+    assert adv32.dtype == torch.float32
+    assert torch.allclose(adv32, torch.tensor([[1.0, -1.0]]), atol=1e-6)
+    assert group_advantages(torch.tensor([[1, 0]])).dtype == torch.get_default_dtype()
+
+
+def test_advantage_errors():
+    allowed = "'grpo', 'dr_grpo', 'rloo', 'batch'"
+    with pytest.raises(ValueError, match=f"estimator must be one of {allowed}"):
+        group_advantages(t64([[1.0, 0.0]]), "ppo")
+    with pytest.raises(ValueError, match="rloo.*at least 2"):
+        group_advantages(t64([[1.0], [0.0]]), "rloo")
+    with pytest.raises(ValueError, match="rewards must be 2-D"):
+        group_advantages(t64([1.0, 0.0]))
+
+
+# ----------------------------------------------------------------------------- k3
+
+
+def test_k3_is_non_negative_and_zero_on_equality():
+    gen = torch.Generator().manual_seed(0)
+    logps = -torch.rand(1000, generator=gen, dtype=torch.float64) * 20
+    ref = -torch.rand(1000, generator=gen, dtype=torch.float64) * 20
+    assert (kl_k3(logps, ref) >= 0).all()
+    nearly_equal = (logps + 1e-7 * torch.randn(1000, generator=gen, dtype=torch.float64)).float()
+    assert (kl_k3(logps.float(), nearly_equal) >= 0).all()  # no rounding below zero in float32
+    assert torch.equal(kl_k3(logps, logps), torch.zeros_like(logps))
+    # d = ref - logp = log 2: 2 - log 2 - 1
+    assert kl_k3(t64([0.0]), t64([math.log(2)])).item() == pytest.approx(1 - math.log(2), abs=1e-12)
+
+
+def test_k3_monte_carlo_mean_matches_categorical_kl():
+    """E_{y~pi}[k3] = KL(pi || pi_ref), since E_pi[pi_ref/pi] = 1."""
+    gen = torch.Generator().manual_seed(1)
+    log_pi = torch.log_softmax(torch.randn(6, generator=gen, dtype=torch.float64), dim=0)
+    log_ref = torch.log_softmax(torch.randn(6, generator=gen, dtype=torch.float64), dim=0)
+    exact_kl = (log_pi.exp() * (log_pi - log_ref)).sum().item()
+    k3_per_answer = kl_k3(log_pi, log_ref)  # (6,)
+    assert (log_pi.exp() * k3_per_answer).sum().item() == pytest.approx(exact_kl, abs=1e-12)
+    samples = torch.multinomial(log_pi.exp(), 200_000, replacement=True, generator=gen)
+    k3 = k3_per_answer[samples]
+    std_error = k3.std().item() / math.sqrt(len(samples))
+    assert abs(k3.mean().item() - exact_kl) < 4 * std_error
+    assert std_error < 0.05 * exact_kl  # the check is tight relative to the KL itself
+
+
+def test_k3_shape_mismatch():
+    with pytest.raises(ValueError, match="same shape"):
+        kl_k3(torch.zeros(2, 3), torch.zeros(3, 2))
+
+
+# ----------------------------------------------------------------------------- policy loss
+
+
+def weights_from_gradient(loss_type: str, lengths: list[int], t: int, **kwargs) -> torch.Tensor:
+    """With A = 1 on-policy and beta = 0, -dloss/dlogp[i, t] is the weight of token (i, t)."""
+    mask = t64([[1.0] * n + [0.0] * (t - n) for n in lengths])
+    logps = (-torch.ones_like(mask)).requires_grad_()
+    adv = t64([1.0] * len(lengths))
+    loss, _ = policy_loss(logps, None, None, adv, mask, loss_type=loss_type, **kwargs)
+    loss.backward()
+    return -logps.grad
+
+
+@pytest.mark.parametrize(
+    "loss_type,kwargs,w_short,w_long",
+    [
+        ("grpo", {}, 1 / 4, 1 / 12),  # sequence level: 1 / (N * length)
+        ("dapo", {}, 1 / 8, 1 / 8),  # token level: 1 / total tokens
+        ("dr_grpo", {}, 1 / 12, 1 / 12),  # 1 / (N * T)
+        ("dr_grpo", {"max_completion_length": 10}, 1 / 20, 1 / 20),
+    ],
+)
+def test_length_weights_for_lengths_two_and_six(loss_type, kwargs, w_short, w_long):
+    """Per-token weights of each length normalization, read off the gradient; padding gets 0."""
+    weights = weights_from_gradient(loss_type, [2, 6], 6, **kwargs)
+    expected = t64([[w_short] * 2 + [0.0] * 4, [w_long] * 6])
+    assert torch.allclose(weights, expected, rtol=1e-12, atol=0)
+
+
+def test_empty_sequence_counts_in_grpo_mean():
+    mask = t64([[1.0, 1.0], [0.0, 0.0]])
+    logps = torch.full((2, 2), -1.0, dtype=torch.float64)
+    loss, _ = policy_loss(logps, None, None, t64([2.0, 5.0]), mask)
+    assert loss.item() == pytest.approx(-2.0 / 2)  # row 0 mean is -2, row 1 is 0, N = 2
+
+
+CLIP_CASES = [  # (ratio relative to a bound, advantage sign, clipped?, counted stat)
+    ("high", +1e-3, +1.0, True, "clip_ratio/high"),
+    ("high", -1e-3, +1.0, False, None),
+    ("high", +1e-3, -1.0, False, None),
+    ("high", -1e-3, -1.0, False, None),
+    ("low", -1e-3, -1.0, True, "clip_ratio/low"),
+    ("low", +1e-3, -1.0, False, None),
+    ("low", -1e-3, +1.0, False, None),
+    ("low", +1e-3, +1.0, False, None),
+]
+
+
+@pytest.mark.parametrize("bound,offset,adv,clipped,stat", CLIP_CASES)
+@pytest.mark.parametrize("level", IMPORTANCE_SAMPLING_LEVELS)
+def test_clip_region_just_inside_and_outside_each_bound(bound, offset, adv, clipped, stat, level):
+    eps_low, eps_high = 0.2, 0.28  # asymmetric, DAPO clip-higher
+    ratio = (1 - eps_low if bound == "low" else 1 + eps_high) + offset
+    logps = torch.full((1, 3), -1.0, dtype=torch.float64, requires_grad=True)
+    old = logps.detach() - math.log(ratio)
+    kwargs = dict(importance_sampling_level=level, epsilon_low=eps_low, epsilon_high=eps_high)
+    loss, stats = policy_loss(logps, old, None, t64([adv]), torch.ones(1, 3), **kwargs)
+    loss.backward()
+    bound_value = 1 - eps_low if bound == "low" else 1 + eps_high
+    expected_objective = (bound_value if clipped else ratio) * adv  # hand-derived table above
+    assert loss.item() == pytest.approx(-expected_objective, abs=1e-12)
+    expected_grad = 0.0 if clipped else -adv * ratio / 3
+    assert torch.allclose(
+        logps.grad, torch.full((1, 3), expected_grad, dtype=torch.float64), atol=1e-12
+    )
+    for key in ("clip_ratio/low", "clip_ratio/high"):
+        assert stats[key] == (1.0 if key == stat else 0.0)
+    assert stats["clip_ratio/region"] == (1.0 if stat else 0.0)
+    assert stats["ratio/mean"] == pytest.approx(ratio, rel=1e-12)
+
+
+def test_epsilon_high_defaults_to_epsilon_low():
+    logps = torch.full((1, 1), -1.0, dtype=torch.float64)
+    old = logps - math.log(1.25)
+    _, stats_default = policy_loss(logps, old, None, t64([1.0]), torch.ones(1, 1), epsilon_low=0.2)
+    _, stats_wide = policy_loss(
+        logps, old, None, t64([1.0]), torch.ones(1, 1), epsilon_low=0.2, epsilon_high=0.3
+    )
+    assert stats_default["clip_ratio/high"] == 1.0 and stats_wide["clip_ratio/high"] == 0.0
+
+
+def test_sequence_ratio_is_length_normalized_geometric_mean():
+    # token log-ratios +0.5, -0.5 (and padding): GSPO sees rho = 1 and clips nothing
+    logps = t64([[-1.0, -1.0, -1.0]])
+    old = t64([[-1.5, -0.5, 7.0]])
+    mask = t64([[1.0, 1.0, 0.0]])
+    adv = t64([1.0])
+    _, seq_stats = policy_loss(logps, old, None, adv, mask, importance_sampling_level="sequence")
+    _, tok_stats = policy_loss(logps, old, None, adv, mask, importance_sampling_level="token")
+    assert seq_stats["ratio/mean"] == pytest.approx(1.0) and seq_stats["clip_ratio/region"] == 0.0
+    assert tok_stats["clip_ratio/high"] == pytest.approx(0.5)
+    assert tok_stats["ratio/mean"] == pytest.approx((math.exp(0.5) + math.exp(-0.5)) / 2)
+
+
+def test_on_policy_none_equals_detached_copy_and_has_signal():
+    gen = torch.Generator().manual_seed(3)
+    base = -torch.rand(3, 4, generator=gen, dtype=torch.float64)
+    adv, mask = t64([1.0, -0.5, 0.25]), t64([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
+    grads = []
+    for old in (None, base.clone()):
+        logps = base.clone().requires_grad_()
+        loss, stats = policy_loss(logps, old, None, adv, mask)
+        loss.backward()
+        grads.append(logps.grad)
+        assert stats["ratio/mean"] == pytest.approx(1.0)
+    assert torch.equal(grads[0], grads[1]) and grads[0].abs().sum() > 0
+
+
+def test_kl_term_value_stats_and_beta_zero():
+    logps = t64([[-1.0, -2.0]])
+    ref = t64([[-1.0 + math.log(2), -2.0]])  # k3 = 1 - log 2 on the first token, 0 on the second
+    mask, adv = torch.ones(1, 2), t64([0.0])
+    k3 = 1 - math.log(2)
+    loss, stats = policy_loss(logps, None, ref, adv, mask, beta=0.5)
+    assert loss.item() == pytest.approx(0.5 * k3 / 2, abs=1e-12)
+    assert set(stats) == STAT_KEYS | {"kl"} and stats["kl"] == pytest.approx(k3 / 2)
+    loss0, stats0 = policy_loss(logps, None, ref, adv, mask, beta=0.0)
+    assert loss0.item() == 0.0 and stats0["kl"] == pytest.approx(k3 / 2)
+    _, no_ref = policy_loss(logps, None, None, adv, mask)
+    assert set(no_ref) == STAT_KEYS and all(type(v) is float for v in no_ref.values())
+
+
+def test_padding_with_inf_and_nan_does_not_leak():
+    logps = t64([[-1.0, -math.inf], [-0.5, NAN]]).requires_grad_()
+    old = t64([[-1.1, NAN], [-0.4, -math.inf]])
+    ref = t64([[-0.9, math.inf], [-0.6, NAN]])
+    mask = torch.tensor([[True, False], [True, False]])
+    for loss_type, level in itertools.product(LOSS_TYPES, IMPORTANCE_SAMPLING_LEVELS):
+        kwargs = dict(loss_type=loss_type, importance_sampling_level=level, beta=0.1)
+        loss, stats = policy_loss(logps, old, ref, t64([1.0, -1.0]), mask, **kwargs)
+        (grad,) = torch.autograd.grad(loss, logps)
+        assert torch.isfinite(loss) and torch.isfinite(grad).all() and grad[:, 1].eq(0).all()
+        assert all(math.isfinite(v) for v in stats.values())
+
+
+# ----------------------------------------------------------------------------- gradcheck
+
+
+def off_kink_inputs(level: str, seed: int, eps_low: float = 0.2, eps_high: float = 0.28):
+    """Random (logps, old, ref, adv, mask) whose ratios sit >= 0.03 from 1 - eps_low, 1 + eps_high."""
+    gen = torch.Generator().manual_seed(seed)
+    n, t = 5, 6
+    lengths = torch.tensor([6, 4, 1, 3, 0])
+    mask = (torch.arange(t) < lengths[:, None]).to(torch.float64)  # (N, T), one empty row
+    safe_ratios = t64([0.5, 0.7, 0.9, 1.0, 1.1, 1.2, 1.35, 1.6])  # away from 0.8 and 1.28
+    pick = lambda shape: safe_ratios[torch.randint(len(safe_ratios), shape, generator=gen)]  # noqa: E731
+    if level == "token":
+        log_ratio = pick((n, t)).log()
+    else:  # per-sequence target plus zero-mean noise over the valid tokens
+        noise = 0.3 * torch.randn(n, t, generator=gen, dtype=torch.float64) * mask
+        noise = noise - mask * noise.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+        log_ratio = pick((n, 1)).log() + noise
+    logps = -torch.rand(n, t, generator=gen, dtype=torch.float64) * 3 - 0.1
+    ref = logps + 0.5 * torch.randn(n, t, generator=gen, dtype=torch.float64)
+    adv = torch.randn(n, generator=gen, dtype=torch.float64)
+    return logps, logps - log_ratio, ref, adv, mask
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+@pytest.mark.parametrize("level", IMPORTANCE_SAMPLING_LEVELS)
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_gradcheck_float64(loss_type, level, beta):
+    logps, old, ref, adv, mask = off_kink_inputs(level, seed=7)
+    kwargs = dict(
+        loss_type=loss_type,
+        importance_sampling_level=level,
+        epsilon_low=0.2,
+        epsilon_high=0.28,
+        beta=beta,
+    )
+    _, stats = policy_loss(logps, old, ref, adv, mask, **kwargs)
+    assert stats["clip_ratio/region"] > 0  # the clipped branch is exercised too
+    logps = logps.clone().requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda lp: policy_loss(lp, old, ref, adv, mask, **kwargs)[0],
+        (logps,),
+        eps=1e-6,
+        atol=1e-8,
+        rtol=1e-6,
+    )
+
+
+# ----------------------------------------------------------------------------- numpy reference
+
+
+def np_advantages(rewards: np.ndarray, estimator: str, eps: float = 1e-8) -> np.ndarray:
+    out = np.zeros_like(rewards)
+    flat = rewards[~np.isnan(rewards)]
+    batch_std = flat.std() if flat.size else 0.0
+    for p, row in enumerate(rewards):
+        idx = np.flatnonzero(~np.isnan(row))
+        if idx.size < 2:
+            continue
+        scored = row[idx]
+        if estimator == "grpo":
+            std = scored.std()
+            out[p, idx] = (scored - scored.mean()) / (std + eps) if std > eps else 0.0
+        elif estimator == "dr_grpo":
+            out[p, idx] = scored - scored.mean()
+        elif estimator == "rloo":
+            out[p, idx] = [r - np.delete(scored, k).mean() for k, r in enumerate(scored)]
+        else:
+            out[p, idx] = (scored - scored.mean()) / (batch_std + eps) if batch_std > eps else 0.0
+    return out
+
+
+def np_policy_loss(lp, old, ref, adv, mask, **spec):
+    """The issue's specification, one token at a time, in float64 numpy."""
+    loss_type, level, beta = spec["loss_type"], spec["importance_sampling_level"], spec["beta"]
+    el, max_len = spec["epsilon_low"], spec["max_completion_length"]
+    eh = spec["epsilon_high"] or el
+    n, t = lp.shape
+    loss_rows, ratios, klv = [], np.zeros((n, t)), np.zeros((n, t))
+    total, n_tok = 0.0, 0
+    low = high = 0
+    for i in range(n):
+        valid = np.flatnonzero(mask[i])
+        seq_log = (lp[i, valid] - old[i, valid]).sum() / max(1, valid.size)
+        terms = []
+        for j in valid:
+            rho = math.exp(seq_log if level == "sequence" else lp[i, j] - old[i, j])
+            o = min(rho * adv[i], min(max(rho, 1 - el), 1 + eh) * adv[i])
+            d = ref[i, j] - lp[i, j]
+            klv[i, j] = math.exp(d) - d - 1
+            terms.append(-o + beta * klv[i, j])
+            ratios[i, j] = rho
+            low += rho < 1 - el and adv[i] < 0
+            high += rho > 1 + eh and adv[i] > 0
+        loss_rows.append(sum(terms) / max(1, valid.size))
+        total += sum(terms)
+        n_tok += valid.size
+    loss = {
+        "grpo": np.mean(loss_rows),
+        "dapo": total / max(1, n_tok),
+        "dr_grpo": total / (n * (max_len or t)),
+    }[loss_type]
+    nv = max(1, n_tok)
+    stats = {
+        "clip_ratio/low": low / nv,
+        "clip_ratio/high": high / nv,
+        "clip_ratio/region": (low + high) / nv,
+        "ratio/mean": ratios.sum() / nv,
+        "kl": klv.sum() / nv,
+    }
+    return loss, stats
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_matches_independent_numpy_reference(seed):
+    rng = np.random.default_rng(seed)
+    num_prompts, group, t = 4, 4, 7
+    rewards = rng.integers(0, 3, size=(num_prompts, group)).astype(np.float64) * rng.random(
+        (num_prompts, group)
+    )
+    rewards[rng.random(rewards.shape) < 0.2] = np.nan
+    rewards[0] = [1.0, np.nan, np.nan, np.nan]
+    n = num_prompts * group
+    lengths = rng.integers(0, t + 1, size=n)
+    mask = (np.arange(t) < lengths[:, None]).astype(np.float64)
+    lp = -rng.random((n, t)) * 4
+    old = lp + rng.normal(0, 0.3, size=(n, t))
+    ref = lp + rng.normal(0, 0.5, size=(n, t))
+    lp[mask == 0] = -np.inf  # padding garbage must be ignored
+    arrays = (lp, old, ref, mask)
+    tensors = [torch.from_numpy(a) for a in arrays]
+    for estimator in ESTIMATORS:
+        expected_adv = np_advantages(rewards, estimator)
+        adv = group_advantages(torch.from_numpy(rewards), estimator)
+        np.testing.assert_allclose(adv.numpy(), expected_adv, rtol=1e-12, atol=1e-12)
+        for loss_type, level, beta, (el, eh, max_len) in itertools.product(
+            LOSS_TYPES, IMPORTANCE_SAMPLING_LEVELS, [0.0, 0.04], [(0.2, None, None), (0.1, 0.3, 9)]
+        ):
+            spec = dict(loss_type=loss_type, importance_sampling_level=level, beta=beta)
+            spec.update(epsilon_low=el, epsilon_high=eh, max_completion_length=max_len)
+            loss, stats = policy_loss(*tensors[:3], adv.reshape(-1), tensors[3], **spec)
+            ref_loss, ref_stats = np_policy_loss(
+                *arrays[:3], expected_adv.reshape(-1), mask, **spec
+            )
+            assert loss.item() == pytest.approx(ref_loss, rel=1e-10, abs=1e-12)
+            assert stats == pytest.approx(ref_stats, rel=1e-10, abs=1e-12)
+
+
+# ----------------------------------------------------------------------------- errors and names
+
+
+def call(**overrides):
+    args = dict(
+        logps=torch.zeros(2, 3),
+        old_logps=None,
+        ref_logps=None,
+        advantages=torch.zeros(2),
+        mask=torch.ones(2, 3),
+    )
+    args.update(overrides)
+    return policy_loss(**args)
+
+
+@pytest.mark.parametrize(
+    "overrides,pattern",
+    [
+        (dict(loss_type="bnpo"), "loss_type must be one of 'grpo', 'dapo', 'dr_grpo'"),
+        (
+            dict(importance_sampling_level="group"),
+            "importance_sampling_level must be one of 'token', 'sequence'",
+        ),
+        (dict(beta=0.04), "beta=0.04 > 0 needs ref_logps"),
+        (dict(beta=-0.1), r"beta=-0.1 must be >= 0"),
+        (dict(epsilon_low=0.0), r"epsilon=0.0 \(the lower clip epsilon\) must be in \(0, 1\)"),
+        (dict(epsilon_low=1.0), r"epsilon=1.0 \(the lower clip epsilon\) must be in \(0, 1\)"),
+        (dict(epsilon_high=0.0), "epsilon_high=0.0 must be > 0"),
+        (dict(max_completion_length=0), "max_completion_length=0 must be a positive int"),
+        (
+            dict(old_logps=torch.zeros(2, 4)),
+            r"old_logps must have the same shape as logps \(2, 3\)",
+        ),
+        (dict(ref_logps=torch.zeros(3, 3)), r"ref_logps must have the same shape as logps"),
+        (dict(mask=torch.ones(2, 2)), r"mask must have the same shape as logps"),
+        (dict(advantages=torch.zeros(2, 1)), r"advantages must have shape \(N,\) = \(2,\)"),
+        (dict(logps=torch.zeros(6), mask=torch.ones(6)), r"logps must have shape \(N, T\)"),
+    ],
+)
+def test_policy_loss_errors(overrides, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        call(**overrides)
+
+
+def test_policy_loss_type_errors():
+    with pytest.raises(TypeError, match="advantages must be a torch.Tensor"):
+        call(advantages=[0.0, 0.0])
+    with pytest.raises(TypeError, match="floating-point"):
+        call(logps=torch.zeros(2, 3, dtype=torch.long))
+
+
+def test_objective_names_and_papers():
+    assert objective_name("grpo", "token", "grpo") == "GRPO"
+    assert objective_name("dapo", "token", "grpo") == "DAPO"
+    assert objective_name("dr_grpo", "token", "dr_grpo") == "Dr. GRPO"
+    assert objective_name("grpo", "token", "dr_grpo") == "Dr. GRPO"
+    assert objective_name("grpo", "sequence", "grpo") == "GSPO"
+    assert objective_name("grpo", "token", "rloo") == "RLOO"
+    assert PAPERS == {
+        "GRPO": "https://arxiv.org/abs/2402.03300",
+        "DAPO": "https://arxiv.org/abs/2503.14476",
+        "Dr. GRPO": "https://arxiv.org/abs/2503.20783",
+        "GSPO": "https://arxiv.org/abs/2507.18071",
+        "RLOO": "https://arxiv.org/abs/2402.14740",
+    }
+    with pytest.raises(ValueError, match="estimator must be one of"):
+        objective_name("grpo", "token", "ppo")

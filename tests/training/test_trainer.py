@@ -1,0 +1,310 @@
+"""GRPOTrainer end to end on tiny random models: learning, policies, errors, saving and resuming."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+from conftest import make_tiny_model
+from peft import LoraConfig
+
+from grpo_plugin import GRPOConfig, GRPOTrainer
+from grpo_plugin.training.scoring import RewardFunctionError
+
+SEVEN_DATA = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(32)]
+
+
+def frac_sevens(prompts, completions, completion_ids, **kwargs):
+    """Synthetic verifiable task: the share of characters that are '7'."""
+    return [c.count("7") / max(1, len(c)) for c in completions]
+
+
+def config(tmp_path, **overrides) -> GRPOConfig:
+    base = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=16,
+        num_generations=8,
+        max_completion_length=8,
+        max_steps=2,
+        learning_rate=3e-2,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
+    return GRPOConfig(**{**base, **overrides})
+
+
+def lora() -> LoraConfig:
+    return LoraConfig(r=8, lora_alpha=16, target_modules="all-linear")
+
+
+def load_4bit(model, tmp_path):
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    model.save_pretrained(tmp_path / "base")
+    quant = BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32
+    )
+    return AutoModelForCausalLM.from_pretrained(tmp_path / "base", quantization_config=quant)
+
+
+# 4-bit LoRA learns the same task more slowly at equal lr (NF4 noise in the frozen base).
+LEARNING_RATE = {"full": 3e-2, "lora": 3e-2, "4bit": 6e-2}
+
+
+def rewards_of(trainer) -> list[float]:
+    return [h["reward"] for h in trainer.state.log_history if "reward" in h]
+
+
+@pytest.mark.parametrize("policy", ["full", "lora", "4bit"])
+def test_learns_synthetic_task(policy, tiny_tokenizer, tmp_path):
+    # initializer_range 0.3: see make_tiny_model's docstring.
+    model = make_tiny_model(tiny_tokenizer, initializer_range=0.3)
+    if policy == "4bit":
+        model = load_4bit(model, tmp_path)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainer = GRPOTrainer(
+        model,
+        frac_sevens,
+        args=config(tmp_path, max_steps=16, learning_rate=LEARNING_RATE[policy]),
+        train_dataset=SEVEN_DATA,
+        processing_class=tiny_tokenizer,
+        peft_config=None if policy == "full" else lora(),
+    )
+    trainer.train()
+    rewards = rewards_of(trainer)
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert last > first + 0.3, f"{policy}: reward {first:.3f} -> {last:.3f}"
+    if policy == "full":
+        return
+    for name, param in trainer.model.named_parameters():
+        base_name = name.replace("base_model.model.", "").replace(".base_layer", "")
+        if "lora_" in name:
+            continue
+        if base_name in before and before[base_name].shape == param.shape:
+            assert torch.equal(before[base_name], param.detach()), f"base weight {name} changed"
+    if policy == "4bit":
+        import bitsandbytes as bnb
+
+        linear4 = [m for m in trainer.model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+        assert len(linear4) == 2 * 7  # q,k,v,o,gate,up,down in each of 2 layers
+
+
+@pytest.mark.parametrize("policy", ["full", "lora", "4bit"])
+def test_gradient_checkpointing_runs(policy, tiny_tokenizer, tmp_path):
+    model = make_tiny_model(tiny_tokenizer, initializer_range=0.3)
+    if policy == "4bit":
+        model = load_4bit(model, tmp_path)
+    trainer = GRPOTrainer(
+        model,
+        frac_sevens,
+        args=config(tmp_path, max_steps=1, gradient_checkpointing=True),
+        train_dataset=SEVEN_DATA,
+        processing_class=tiny_tokenizer,
+        peft_config=None if policy == "full" else lora(),
+    )
+    trainer.train()
+    trained = [p for p in trainer.model.parameters() if p.requires_grad]
+    assert trained and all(p.grad is None or torch.isfinite(p.grad).all() for p in trained)
+    assert trainer.state.global_step == 1
+
+
+def test_metrics_have_trl_and_own_names(tiny_tokenizer, tmp_path):
+    trainer = GRPOTrainer(
+        make_tiny_model(tiny_tokenizer),
+        frac_sevens,
+        args=config(tmp_path, beta=0.04, log_completions=True),
+        train_dataset=SEVEN_DATA,
+        processing_class=tiny_tokenizer,
+        peft_config=lora(),
+    )
+    trainer.train()
+    logged = trainer.state.log_history[0]
+    expected = [
+        "reward", "reward_std", "rewards/frac_sevens/mean", "rewards/frac_sevens/std",
+        "frac_reward_zero_std", "kl", "clip_ratio/low_mean", "clip_ratio/high_mean",
+        "clip_ratio/region_mean", "completions/mean_length", "completions/clipped_ratio",
+        "entropy", "timing/generate_s", "timing/reward_s", "timing/train_s",
+        "generation/tokens_per_s",
+    ]  # fmt: skip
+    assert [k for k in expected if k not in logged] == []
+    assert logged["kl"] >= 0 and 0 <= logged["completions/clipped_ratio"] <= 1
+    lines = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines if "reward" in x] == [1, 2]
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tmp_path / "out" / "completions" / "step_00000.parquet")
+    assert table.num_rows == 16
+    assert {"prompt", "completion", "reward", "advantage", "rewards/frac_sevens"} <= set(
+        table.column_names
+    )
+
+
+def test_missing_prompt_column_fails_before_loading(tmp_path):
+    with pytest.raises(ValueError, match="no 'prompt' column.*rename_column"):
+        GRPOTrainer(
+            "no/such-model", frac_sevens, args=config(tmp_path), train_dataset=[{"q": "1+1"}]
+        )
+
+
+def test_reward_weight_count_is_checked(tmp_path):
+    with pytest.raises(ValueError, match="reward_weights has 2 entries for 1"):
+        GRPOTrainer(
+            "no/such-model",
+            frac_sevens,
+            args=config(tmp_path, reward_weights=[1.0, 2.0]),
+            train_dataset=SEVEN_DATA,
+        )
+
+
+def three_values(prompts, completions, **kwargs):
+    return [1.0, 0.0, 1.0]
+
+
+def explodes_on_odd_answers(prompts, completions, answer, **kwargs):
+    return [1 / 0 if int(a) % 4 == 2 else 0.0 for a in answer]
+
+
+@pytest.mark.parametrize(
+    "fn, message",
+    [
+        (three_values, r"'three_values' returned 3 values for 16 completions"),
+        (
+            explodes_on_odd_answers,
+            r"'explodes_on_odd_answers' raised ZeroDivisionError on sample \d+",
+        ),
+    ],
+)
+def test_bad_reward_functions_fail_at_first_step(fn, message, tiny_tokenizer, tmp_path):
+    trainer = GRPOTrainer(
+        make_tiny_model(tiny_tokenizer),
+        fn,
+        args=config(tmp_path),
+        train_dataset=SEVEN_DATA,
+        processing_class=tiny_tokenizer,
+    )
+    with pytest.raises(RewardFunctionError, match=message):
+        trainer.train()
+    assert trainer.state.global_step == 0
+
+
+def test_zero_std_warning_is_logged_once(tiny_tokenizer, tmp_path, caplog):
+    constant = lambda prompts, completions, **kw: [1.0] * len(completions)  # noqa: E731
+    trainer = GRPOTrainer(
+        make_tiny_model(tiny_tokenizer),
+        constant,
+        args=config(tmp_path, max_steps=4, zero_std_patience=3),
+        train_dataset=SEVEN_DATA,
+        processing_class=tiny_tokenizer,
+    )
+    with caplog.at_level(logging.WARNING, logger="grpo_plugin.training.trainer"):
+        trainer.train()
+    warnings = [r for r in caplog.records if "identical" in r.getMessage()]
+    assert len(warnings) == 1
+    assert all(h["loss"] == 0 for h in trainer.state.log_history if "loss" in h and "reward" in h)
+
+
+def test_reused_rollouts_compute_old_logps(tiny_tokenizer, tmp_path):
+    """mu=2 with a frozen reference (full fine-tuning, beta > 0): ratio moves off 1 on pass two."""
+    trainer = GRPOTrainer(
+        make_tiny_model(tiny_tokenizer, initializer_range=0.3),
+        frac_sevens,
+        args=config(tmp_path, num_iterations=2, beta=0.04, max_steps=2),
+        train_dataset=SEVEN_DATA,
+        processing_class=tiny_tokenizer,
+    )
+    assert trainer.ref_model is not None and trainer.args.needs_old_logps
+    trainer.train()
+    second = trainer.state.log_history[1]
+    assert second["kl"] > 0  # the policy moved away from the frozen copy after step 1
+
+
+def test_dynamic_sampling_logs_filtered_groups(tiny_tokenizer, tmp_path):
+    trainer = GRPOTrainer(
+        make_tiny_model(tiny_tokenizer),
+        lambda prompts, completions, **kw: [float(p.startswith("1")) for p in prompts],  # noqa
+        args=config(tmp_path, dynamic_sampling=True, max_resample_rounds=1, max_steps=1),
+        train_dataset=SEVEN_DATA,
+        processing_class=tiny_tokenizer,
+    )
+    trainer.train()
+    logged = trainer.state.log_history[0]
+    # every group is zero-variance (the reward depends on the prompt only): all filtered
+    assert logged["dynamic_sampling/filtered_groups"] == 4  # 2 groups + 2 fresh in one round
+    assert trainer.state.global_step == 1
+
+
+def test_save_resume_and_no_token_on_disk(tiny_tokenizer, tmp_path):
+    token = "hf_DoNotLeakThisTokenAnywhere123"
+    args = config(tmp_path, max_steps=2, save_strategy="steps", save_steps=1, hub_token=token)
+    trainer = GRPOTrainer(
+        make_tiny_model(tiny_tokenizer),
+        frac_sevens,
+        args=args,
+        train_dataset=SEVEN_DATA,
+        processing_class=tiny_tokenizer,
+        peft_config=lora(),
+    )
+    trainer.train()
+    trainer.save_model()
+    out = tmp_path / "out"
+    assert (out / "adapter_model.safetensors").exists() and (out / "tokenizer.json").exists()
+    run = json.loads((out / "grpo_run.json").read_text())
+    assert run["adapter"] and run["lora"]["r"] == 8 and run["global_step"] == 2
+    resumed = GRPOTrainer(
+        make_tiny_model(tiny_tokenizer),
+        frac_sevens,
+        args=config(tmp_path, max_steps=3, save_strategy="no"),
+        train_dataset=SEVEN_DATA,
+        processing_class=tiny_tokenizer,
+        peft_config=lora(),
+    )
+    resumed.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    assert resumed.state.global_step == 3
+    for path in out.rglob("*"):
+        if path.is_file():
+            assert token.encode() not in path.read_bytes(), f"token leaked into {path}"
+
+
+TRL_QUICKSTART = """
+from datasets import Dataset
+from peft import LoraConfig
+from trl import GRPOConfig, GRPOTrainer
+
+dataset = Dataset.from_list([{"prompt": f"Say {i}", "answer": str(i)} for i in range(16)])
+
+def reward_len(completions, **kwargs):
+    return [-abs(5 - len(completion)) for completion in completions]
+
+training_args = GRPOConfig(output_dir=OUTPUT_DIR, per_device_train_batch_size=8, num_generations=4,
+                           max_completion_length=8, max_steps=2, logging_steps=1, report_to="none",
+                           learning_rate=1e-4)
+trainer = GRPOTrainer(model=MODEL_DIR, reward_funcs=reward_len, args=training_args,
+                      train_dataset=dataset, peft_config=LoraConfig(r=4, target_modules="all-linear"))
+trainer.train()
+"""
+
+
+def test_trl_quickstart_runs_after_changing_the_import(tiny_model_dir, tmp_path):
+    script = TRL_QUICKSTART.replace("from trl import", "from grpo_plugin import")
+    scope = {"OUTPUT_DIR": str(tmp_path / "q"), "MODEL_DIR": str(tiny_model_dir)}
+    exec(compile(script, "trl_quickstart.py", "exec"), scope)
+    assert scope["trainer"].state.global_step == 2
+    assert type(scope["trainer"]).__module__ == "grpo_plugin.training.trainer"
+
+
+def test_evaluate_reports_greedy_accuracy(tiny_tokenizer, tmp_path):
+    always_right = lambda prompts, completions, **kw: [1.0] * len(completions)  # noqa: E731
+    trainer = GRPOTrainer(
+        make_tiny_model(tiny_tokenizer),
+        always_right,
+        args=config(tmp_path),
+        train_dataset=SEVEN_DATA,
+        eval_dataset=SEVEN_DATA[:4],
+        processing_class=tiny_tokenizer,
+    )
+    assert trainer.evaluate() == {"eval_accuracy": 1.0}
+    lines = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(lines[-1])["eval_accuracy"] == 1.0
