@@ -80,6 +80,57 @@ def make_tiny_model(
     return LlamaForCausalLM(config).eval()
 
 
+# ----------------------------------------------------------------------------- tiny trainers
+
+# A synthetic verifiable task for tiny random models: the share of '7' characters.
+SEVEN_DATA = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(32)]
+
+
+def frac_sevens(prompts, completions, completion_ids=None, **kwargs):
+    """Synthetic verifiable task: the share of characters that are '7'."""
+    return [c.count("7") / max(1, len(c)) for c in completions]
+
+
+def tiny_config(tmp_path, **overrides):
+    """A GRPOConfig for 2 quick steps on a tiny model (16 completions = 2 prompts x G=8)."""
+    from grpo_plugin import GRPOConfig
+
+    base = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=16,
+        num_generations=8,
+        max_completion_length=8,
+        max_steps=2,
+        learning_rate=3e-2,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
+    return GRPOConfig(**{**base, **overrides})
+
+
+def tiny_lora():
+    from peft import LoraConfig
+
+    return LoraConfig(r=8, lora_alpha=16, target_modules="all-linear")
+
+
+def make_trainer(tokenizer, tmp_path, reward=frac_sevens, *, model=None, data=None, peft=None,
+                 eval_data=None, init_range=0.02, **overrides):  # fmt: skip
+    """A GRPOTrainer on a fresh tiny model (or `model`) with `tiny_config(**overrides)`."""
+    from grpo_plugin import GRPOTrainer
+
+    return GRPOTrainer(
+        model if model is not None else make_tiny_model(tokenizer, initializer_range=init_range),
+        reward,
+        args=tiny_config(tmp_path, **overrides),
+        train_dataset=SEVEN_DATA if data is None else data,
+        eval_dataset=eval_data,
+        processing_class=tokenizer,
+        peft_config=peft,
+    )
+
+
 def load_script(path: Path, name: str):
     """Import a script that is not in a package (recipes/*.py, benchmarks/*.py) as a module."""
     import importlib.util

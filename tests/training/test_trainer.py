@@ -7,37 +7,10 @@ import logging
 
 import pytest
 import torch
-from conftest import make_tiny_model
-from peft import LoraConfig
+from conftest import SEVEN_DATA, frac_sevens, make_tiny_model, make_trainer, tiny_config, tiny_lora
 
-from grpo_plugin import GRPOConfig, GRPOTrainer
+from grpo_plugin import GRPOTrainer
 from grpo_plugin.training.scoring import RewardFunctionError
-
-SEVEN_DATA = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(32)]
-
-
-def frac_sevens(prompts, completions, completion_ids, **kwargs):
-    """Synthetic verifiable task: the share of characters that are '7'."""
-    return [c.count("7") / max(1, len(c)) for c in completions]
-
-
-def config(tmp_path, **overrides) -> GRPOConfig:
-    base = dict(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=16,
-        num_generations=8,
-        max_completion_length=8,
-        max_steps=2,
-        learning_rate=3e-2,
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=0,
-    )
-    return GRPOConfig(**{**base, **overrides})
-
-
-def lora() -> LoraConfig:
-    return LoraConfig(r=8, lora_alpha=16, target_modules="all-linear")
 
 
 def load_4bit(model, tmp_path):
@@ -68,10 +41,10 @@ def test_learns_synthetic_task(policy, tiny_tokenizer, tmp_path):
     trainer = GRPOTrainer(
         model,
         frac_sevens,
-        args=config(tmp_path, max_steps=16, learning_rate=LEARNING_RATE[policy]),
+        args=tiny_config(tmp_path, max_steps=16, learning_rate=LEARNING_RATE[policy]),
         train_dataset=SEVEN_DATA,
         processing_class=tiny_tokenizer,
-        peft_config=None if policy == "full" else lora(),
+        peft_config=None if policy == "full" else tiny_lora(),
     )
     trainer.train()
     rewards = rewards_of(trainer)
@@ -97,28 +70,35 @@ def test_gradient_checkpointing_runs(policy, tiny_tokenizer, tmp_path):
     model = make_tiny_model(tiny_tokenizer, initializer_range=0.3)
     if policy == "4bit":
         model = load_4bit(model, tmp_path)
-    trainer = GRPOTrainer(
-        model,
-        frac_sevens,
-        args=config(tmp_path, max_steps=1, gradient_checkpointing=True),
-        train_dataset=SEVEN_DATA,
-        processing_class=tiny_tokenizer,
-        peft_config=None if policy == "full" else lora(),
+    trainer = make_trainer(
+        tiny_tokenizer,
+        tmp_path,
+        model=model,
+        peft=None if policy == "full" else tiny_lora(),
+        max_steps=1,
+        gradient_checkpointing=True,
     )
+    trained = {
+        n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad
+    }
     trainer.train()
-    trained = [p for p in trainer.model.parameters() if p.requires_grad]
-    assert trained and all(p.grad is None or torch.isfinite(p.grad).all() for p in trained)
+    after = dict(trainer.model.named_parameters())
+    assert trained and all(torch.isfinite(after[n]).all() for n in trained)
+    moved = [n for n, before in trained.items() if not torch.equal(before, after[n].detach())]
+    # one optimizer step updates every trainable tensor (LoRA B starts at 0; A gets no grad then)
+    expected = [n for n in trained if "lora_A" not in n]
+    assert sorted(moved) == sorted(expected), set(expected) - set(moved)
     assert trainer.state.global_step == 1
 
 
 def test_metrics_have_trl_and_own_names(tiny_tokenizer, tmp_path):
-    trainer = GRPOTrainer(
-        make_tiny_model(tiny_tokenizer),
+    trainer = make_trainer(
+        tiny_tokenizer,
+        tmp_path,
         frac_sevens,
-        args=config(tmp_path, beta=0.04, log_completions=True),
-        train_dataset=SEVEN_DATA,
-        processing_class=tiny_tokenizer,
-        peft_config=lora(),
+        peft=tiny_lora(),
+        beta=0.04,
+        log_completions=True,
     )
     trainer.train()
     logged = trainer.state.log_history[0]
@@ -145,7 +125,7 @@ def test_metrics_have_trl_and_own_names(tiny_tokenizer, tmp_path):
 def test_missing_prompt_column_fails_before_loading(tmp_path):
     with pytest.raises(ValueError, match="no 'prompt' column.*rename_column"):
         GRPOTrainer(
-            "no/such-model", frac_sevens, args=config(tmp_path), train_dataset=[{"q": "1+1"}]
+            "no/such-model", frac_sevens, args=tiny_config(tmp_path), train_dataset=[{"q": "1+1"}]
         )
 
 
@@ -154,7 +134,7 @@ def test_reward_weight_count_is_checked(tmp_path):
         GRPOTrainer(
             "no/such-model",
             frac_sevens,
-            args=config(tmp_path, reward_weights=[1.0, 2.0]),
+            args=tiny_config(tmp_path, reward_weights=[1.0, 2.0]),
             train_dataset=SEVEN_DATA,
         )
 
@@ -178,12 +158,10 @@ def explodes_on_odd_answers(prompts, completions, answer, **kwargs):
     ],
 )
 def test_bad_reward_functions_fail_at_first_step(fn, message, tiny_tokenizer, tmp_path):
-    trainer = GRPOTrainer(
-        make_tiny_model(tiny_tokenizer),
+    trainer = make_trainer(
+        tiny_tokenizer,
+        tmp_path,
         fn,
-        args=config(tmp_path),
-        train_dataset=SEVEN_DATA,
-        processing_class=tiny_tokenizer,
     )
     with pytest.raises(RewardFunctionError, match=message):
         trainer.train()
@@ -192,12 +170,12 @@ def test_bad_reward_functions_fail_at_first_step(fn, message, tiny_tokenizer, tm
 
 def test_zero_std_warning_is_logged_once(tiny_tokenizer, tmp_path, caplog):
     constant = lambda prompts, completions, **kw: [1.0] * len(completions)  # noqa: E731
-    trainer = GRPOTrainer(
-        make_tiny_model(tiny_tokenizer),
+    trainer = make_trainer(
+        tiny_tokenizer,
+        tmp_path,
         constant,
-        args=config(tmp_path, max_steps=4, zero_std_patience=3),
-        train_dataset=SEVEN_DATA,
-        processing_class=tiny_tokenizer,
+        max_steps=4,
+        zero_std_patience=3,
     )
     with caplog.at_level(logging.WARNING, logger="grpo_plugin.training.trainer"):
         trainer.train()
@@ -208,12 +186,14 @@ def test_zero_std_warning_is_logged_once(tiny_tokenizer, tmp_path, caplog):
 
 def test_reused_rollouts_compute_old_logps(tiny_tokenizer, tmp_path):
     """mu=2 with a frozen reference (full fine-tuning, beta > 0): ratio moves off 1 on pass two."""
-    trainer = GRPOTrainer(
-        make_tiny_model(tiny_tokenizer, initializer_range=0.3),
+    trainer = make_trainer(
+        tiny_tokenizer,
+        tmp_path,
         frac_sevens,
-        args=config(tmp_path, num_iterations=2, beta=0.04, max_steps=2),
-        train_dataset=SEVEN_DATA,
-        processing_class=tiny_tokenizer,
+        init_range=0.3,
+        num_iterations=2,
+        beta=0.04,
+        max_steps=2,
     )
     assert trainer.ref_model is not None and trainer.args.needs_old_logps
     trainer.train()
@@ -225,7 +205,7 @@ def test_dynamic_sampling_logs_filtered_groups(tiny_tokenizer, tmp_path):
     trainer = GRPOTrainer(
         make_tiny_model(tiny_tokenizer),
         lambda prompts, completions, **kw: [float(p.startswith("1")) for p in prompts],  # noqa
-        args=config(tmp_path, dynamic_sampling=True, max_resample_rounds=1, max_steps=1),
+        args=tiny_config(tmp_path, dynamic_sampling=True, max_resample_rounds=1, max_steps=1),
         train_dataset=SEVEN_DATA,
         processing_class=tiny_tokenizer,
     )
@@ -238,14 +218,14 @@ def test_dynamic_sampling_logs_filtered_groups(tiny_tokenizer, tmp_path):
 
 def test_save_resume_and_no_token_on_disk(tiny_tokenizer, tmp_path):
     token = "hf_DoNotLeakThisTokenAnywhere123"
-    args = config(tmp_path, max_steps=2, save_strategy="steps", save_steps=1, hub_token=token)
+    args = tiny_config(tmp_path, max_steps=2, save_strategy="steps", save_steps=1, hub_token=token)
     trainer = GRPOTrainer(
         make_tiny_model(tiny_tokenizer),
         frac_sevens,
         args=args,
         train_dataset=SEVEN_DATA,
         processing_class=tiny_tokenizer,
-        peft_config=lora(),
+        peft_config=tiny_lora(),
     )
     trainer.train()
     trainer.save_model()
@@ -253,13 +233,13 @@ def test_save_resume_and_no_token_on_disk(tiny_tokenizer, tmp_path):
     assert (out / "adapter_model.safetensors").exists() and (out / "tokenizer.json").exists()
     run = json.loads((out / "grpo_run.json").read_text())
     assert run["adapter"] and run["lora"]["r"] == 8 and run["global_step"] == 2
-    resumed = GRPOTrainer(
-        make_tiny_model(tiny_tokenizer),
+    resumed = make_trainer(
+        tiny_tokenizer,
+        tmp_path,
         frac_sevens,
-        args=config(tmp_path, max_steps=3, save_strategy="no"),
-        train_dataset=SEVEN_DATA,
-        processing_class=tiny_tokenizer,
-        peft_config=lora(),
+        peft=tiny_lora(),
+        max_steps=3,
+        save_strategy="no",
     )
     resumed.train(resume_from_checkpoint=str(out / "checkpoint-2"))
     assert resumed.state.global_step == 3
@@ -297,13 +277,11 @@ def test_trl_quickstart_runs_after_changing_the_import(tiny_model_dir, tmp_path)
 
 def test_evaluate_reports_greedy_accuracy(tiny_tokenizer, tmp_path):
     always_right = lambda prompts, completions, **kw: [1.0] * len(completions)  # noqa: E731
-    trainer = GRPOTrainer(
-        make_tiny_model(tiny_tokenizer),
+    trainer = make_trainer(
+        tiny_tokenizer,
+        tmp_path,
         always_right,
-        args=config(tmp_path),
-        train_dataset=SEVEN_DATA,
-        eval_dataset=SEVEN_DATA[:4],
-        processing_class=tiny_tokenizer,
+        eval_data=SEVEN_DATA[:4],
     )
     assert trainer.evaluate() == {"eval_accuracy": 1.0}
     lines = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
