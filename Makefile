@@ -32,7 +32,7 @@ format:
 	$(VENV)/bin/ruff format .
 
 test: install-dev lint
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 tests
 
 bench: install-dev
 	$(PY) benchmarks/vs_trl.py

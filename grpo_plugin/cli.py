@@ -28,7 +28,6 @@ logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 from .app.recipe import RecipeError, check_recipe, load_recipe, one_line, recipe_parser  # noqa: E402
 
-logger = logging.getLogger("grpo_plugin.cli")
 EXIT_BAD_RECIPE = 2
 
 

@@ -27,40 +27,15 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from reward_fns.registry import column, completion_text, register
 
 logger = logging.getLogger(__name__)
 
-_WORKER_SOURCE = r"""
-import json, sys
-try:
-    from math_verify import parse, verify
-except BaseException as err:
-    sys.stdout.write(json.dumps({"error": repr(err)}) + "\n"); sys.stdout.flush(); sys.exit(1)
-sys.stdout.write('{"ready": true}\n'); sys.stdout.flush()
-def parse_gold(text):
-    try:
-        return parse(text, parsing_timeout=None)
-    except BaseException:
-        return []
-for line in sys.stdin:
-    job = json.loads(line)
-    gold = parse_gold(job["gold"])
-    if not gold and "\\" in job["gold"]:  # a bare LaTeX gold such as \sqrt{8}
-        gold = parse_gold("$" + job["gold"] + "$")
-        gold = gold if gold and not isinstance(gold[0], str) else []
-    if not gold:
-        score = None
-    else:
-        try:
-            pred = parse(job["pred"], parsing_timeout=None)
-            score = float(bool(pred) and verify(gold, pred, timeout_seconds=None))
-        except BaseException:
-            score = 0.0
-    sys.stdout.write(json.dumps({"score": score}) + "\n"); sys.stdout.flush()
-"""
+# A script, not an import: the worker starts without importing reward_fns (or torch).
+_WORKER_SCRIPT = str(Path(__file__).with_name("_math_worker.py"))
 _STARTUP_TIMEOUT_S = 120.0
 
 
@@ -69,7 +44,7 @@ class _Worker:
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _WORKER_SOURCE],
+            [sys.executable, "-I", _WORKER_SCRIPT],  # -I: its folder (with math.py) not on sys.path
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

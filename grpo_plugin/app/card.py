@@ -12,7 +12,6 @@ Hub can link to); it is always named in the body.
 
 from __future__ import annotations
 
-import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -21,8 +20,6 @@ from huggingface_hub import ModelCard, ModelCardData
 
 from ..core.objectives import PAPERS, objective_name
 from ..training.rundir import CARD_FILE, CURVE_FILE, EVAL_FILE, load_run_info, read_json
-
-logger = logging.getLogger(__name__)
 
 BASE_TAGS = ["grpo", "grpo-plugin", "reinforcement-learning"]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")

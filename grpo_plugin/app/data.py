@@ -24,14 +24,11 @@ from __future__ import annotations
 
 import difflib
 import json
-import logging
 import random
 from pathlib import Path
 from typing import Any
 
 from datasets import Dataset
-
-logger = logging.getLogger(__name__)
 
 ARITHMETIC_TEMPLATE = "What is {a} + {b}?"
 ARITHMETIC_LOW, ARITHMETIC_HIGH = 0, 20  # ~42% greedy baseline for SmolLM2-135M-Instruct

@@ -46,6 +46,7 @@ from ..rollout.types import Rollout, TrainingBatch
 from . import rundir
 from .callbacks import MetricsJsonlCallback, RichProgressCallback
 from .config import GRPOConfig
+from .inputs import check_prompt_dataset, resolve_reward_funcs, reward_weight_tensor
 from .metrics import MetricsWindow, completion_records, reward_metrics
 from .policy import (
     build_reference,
@@ -60,40 +61,6 @@ from .policy import (
 from .scoring import score_rollout
 
 logger = logging.getLogger(__name__)
-
-
-def check_prompt_dataset(dataset: Any, name: str) -> Any:
-    """Accept a datasets.Dataset or a list of dicts; require a `prompt` column."""
-    if dataset is None:
-        return None
-    if isinstance(dataset, list):
-        from datasets import Dataset
-
-        dataset = Dataset.from_list(dataset)
-    columns = getattr(dataset, "column_names", None) or []
-    if "prompt" not in columns:
-        raise ValueError(
-            f"{name} has no 'prompt' column (columns: {columns}). Rename the column holding the "
-            "prompt text or chat messages, e.g. dataset.rename_column('question', 'prompt')."
-        )
-    return dataset
-
-
-def resolve_reward_funcs(reward_funcs: Any) -> list[Callable]:
-    funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-    if not funcs:
-        raise ValueError("reward_funcs is empty: pass at least one reward function or name.")
-    return [f if callable(f) else reward_fns.resolve(f) for f in funcs]
-
-
-def reward_weight_tensor(weights: list[float] | None, num_funcs: int) -> torch.Tensor:
-    weights = weights or [1.0] * num_funcs
-    if len(weights) != num_funcs:
-        raise ValueError(
-            f"reward_weights has {len(weights)} entries for {num_funcs} reward functions; "
-            "give one weight per function."
-        )
-    return torch.tensor(weights, dtype=torch.float32)
 
 
 class GRPOTrainer(Trainer):

@@ -10,6 +10,7 @@ from datasets import Dataset
 
 from grpo_plugin.app.data import (
     arithmetic_dataset,
+    dataset_hub_ids,
     gsm8k_dataset,
     load_prompt_datasets,
     require_columns,
@@ -151,11 +152,20 @@ def test_validate_spec_checks_columns_of_local_files(tmp_path):
         )
 
 
-def test_validate_spec_accepts_hub_ids_without_network():
-    validate_dataset_spec({"name": "gsm8k"})
-    validate_dataset_spec(
-        {"name": "gsm8k", "path": "openai/gsm8k", "split": "train", "eval_split": "test"}
-    )
+def test_validate_spec_accepts_hub_ids_without_network(monkeypatch):
+    import datasets
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("validation must not load anything")
+
+    monkeypatch.setattr(datasets, "load_dataset", no_network)
+    assert validate_dataset_spec({"name": "gsm8k"}) is None
+    spec = {"name": "gsm8k", "path": "openai/gsm8k", "split": "train", "eval_split": "test"}
+    assert validate_dataset_spec(spec) is None
+    assert dataset_hub_ids(spec) == ["openai/gsm8k"] and dataset_hub_ids({"name": "gsm8k"}) == [
+        "openai/gsm8k"
+    ]
+    assert dataset_hub_ids({"name": "arithmetic"}) == []
 
 
 def test_require_columns_names_missing_and_present():

@@ -76,3 +76,15 @@ def test_timeout_scores_zero_and_worker_is_replaced():
     assert math_reward.verify_answer("$x^2$", "\\boxed{x^2}", timeout=1e-4) == 0.0
     assert math_reward.verify_answer("$x^2$", "\\boxed{x^2}", timeout=30) == 1.0
     assert all(w.proc.poll() is None for w in math_reward._POOL.all)  # killed ones are dropped
+
+
+def test_worker_scoring_rules_without_a_process():
+    """The worker's logic, imported: gold first, bare LaTeX gold retried, unparsable gold -> None."""
+    from math_verify import parse, verify
+
+    from reward_fns import _math_worker
+
+    assert _math_worker.score(parse, verify, "$\\frac{1}{2}$", "The answer is $0.5$") == 1.0
+    assert _math_worker.score(parse, verify, "\\sqrt{8}", "$2\\sqrt{2}$") == 1.0
+    assert _math_worker.score(parse, verify, "42", "it is 41") == 0.0
+    assert _math_worker.score(parse, verify, "no number here", "42") is None

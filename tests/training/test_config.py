@@ -1,6 +1,7 @@
 """GRPOConfig: TRL names, our defaults, and contradictions rejected with the fix in the message."""
 
 import pytest
+import torch
 
 from grpo_plugin import GRPOConfig
 
@@ -9,6 +10,7 @@ def make(tmp_path, **kw) -> GRPOConfig:
     return GRPOConfig(output_dir=str(tmp_path), **kw)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="bf16 defaults to True on a bf16 GPU")
 def test_defaults_fit_a_cpu(tmp_path):
     c = make(tmp_path)
     assert c.bf16 is False and c.gradient_checkpointing is False

@@ -2,7 +2,6 @@
 
 import asyncio
 import math
-import time
 
 import pytest
 import torch
@@ -25,17 +24,21 @@ def test_columns_reach_rewards_and_none_is_nan():
 
 
 def test_async_rewards_run_concurrently():
-    async def slow(prompts, completions, **kw):
-        await asyncio.sleep(0.3)
-        return [1.0] * len(completions)
+    """Both coroutines are in flight at once: each starts before either finishes."""
+    events = []
 
-    async def slow_too(prompts, completions, **kw):
-        await asyncio.sleep(0.3)
-        return [2.0] * len(completions)
+    def reward(value):
+        async def fn(prompts, completions, **kw):
+            events.append(f"start {value}")
+            await asyncio.sleep(0.05)
+            events.append(f"end {value}")
+            return [value] * len(completions)
 
-    start = time.perf_counter()
-    out = call([slow, slow_too], ["a", "b"])
-    assert time.perf_counter() - start < 0.55  # 0.6 s if run one after the other
+        fn.__name__ = f"reward_{int(value)}"
+        return fn
+
+    out = call([reward(1.0), reward(2.0)], ["a", "b"])
+    assert events[:2] == ["start 1.0", "start 2.0"] and sorted(events[2:]) == ["end 1.0", "end 2.0"]
     assert out.tolist() == [[1.0, 2.0], [1.0, 2.0]]
 
 

@@ -1,0 +1,89 @@
+"""The recipe pipeline through the CLI and through `run_recipe`, on a tiny model: every output
+file, the datasets named in grpo_run.json and the card, and built-in recipes by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from huggingface_hub import ModelCard
+
+from grpo_plugin import cli, run_recipe
+from grpo_plugin.app import pipeline
+from grpo_plugin.app.data import arithmetic_dataset
+from grpo_plugin.app.recipe_library import builtin_recipes, find_recipe, purpose
+
+TINY_RECIPE = (
+    "model: {model}\n"
+    "dataset: {dataset}\n"
+    "reward_funcs: [last_integer]\n"
+    "eval: {{k: 0, batch_size: 8}}\n"
+    "num_generations: 4\nper_device_train_batch_size: 8\nmax_steps: 1\nmax_completion_length: 4\n"
+    "save_strategy: 'no'\ndisable_tqdm: true\noutput_dir: {out}\n"
+)
+
+
+def write_recipe(tmp_path, model_dir, dataset="{name: arithmetic, train_size: 8, eval_size: 4}"):
+    path = tmp_path / "tiny.yaml"
+    out = tmp_path / "out"
+    path.write_text(TINY_RECIPE.format(model=model_dir, dataset=dataset, out=out))
+    return path, out
+
+
+def test_cli_names_hub_datasets_in_the_run_summary_and_the_card(
+    tiny_model_dir, tmp_path, monkeypatch, capsys
+):
+    """The bug the seams hid: the CLI set `trainer.dataset_names`, the summary read `args`."""
+    loaded = []
+
+    def local_stand_in(spec):  # {name: gsm8k} would read openai/gsm8k from the Hub
+        loaded.append(spec)
+        return arithmetic_dataset(8, 4)
+
+    monkeypatch.setattr(pipeline, "load_prompt_datasets", local_stand_in)
+    path, out = write_recipe(tmp_path, tiny_model_dir, dataset="{name: gsm8k}")
+    assert cli.main(["train", str(path)]) == 0
+    assert loaded == [{"name": "gsm8k"}]
+    assert json.loads((out / "grpo_run.json").read_text())["datasets"] == ["openai/gsm8k"]
+    card = ModelCard.load(out / "README.md")
+    assert card.data.datasets == ["openai/gsm8k"]
+    assert "Training prompts: `openai/gsm8k`" in card.text
+    assert "Held-out greedy accuracy" in capsys.readouterr().out
+
+
+def test_run_recipe_writes_every_run_file(tiny_model_dir, tmp_path):
+    path, out = write_recipe(tmp_path, tiny_model_dir)
+    result = run_recipe(str(path), ["--seed", "3"])
+    assert result["dataset"] == "arithmetic" and result["reward"] == "last_integer"
+    assert result["before"]["n"] == result["after"]["n"] == 4
+    for name in ("grpo_run.json", "eval.json", "recipe.yaml", "reward_curve.png", "README.md"):
+        assert (out / name).is_file(), name
+    assert "seed: 3" in (out / "recipe.yaml").read_text()
+    assert json.loads((out / "grpo_run.json").read_text())["datasets"] == []  # local data
+
+
+def test_builtin_recipes_are_found_by_name_and_listed(capsys):
+    recipes = builtin_recipes()
+    assert {"arithmetic", "dapo", "gsm8k_gspo", "gsm8k_qlora"} <= set(recipes)
+    assert find_recipe("arithmetic") == recipes["arithmetic"]
+    assert purpose(recipes["arithmetic"]).startswith("THE DEMO")
+    assert cli.main(["recipes"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in listed] == sorted(recipes)
+    assert all(len(line.split(maxsplit=1)) == 2 for line in listed)  # every one has a purpose
+
+
+def test_train_accepts_a_builtin_name(capsys):
+    assert cli.main(["train", "arithmetic", "--dry-run"]) == 0
+    assert capsys.readouterr().out.startswith("arithmetic: OK (embedded:smollm2-135m-instruct")
+
+
+def test_unknown_recipe_name_lists_the_builtins(capsys):
+    assert cli.main(["train", "arithmetik"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "arithmetic" in err and "grpo-plugin recipes" in err
+
+
+@pytest.mark.parametrize("name", sorted(builtin_recipes()))
+def test_every_builtin_recipe_has_a_purpose_line(name):
+    assert len(purpose(builtin_recipes()[name])) > 20
