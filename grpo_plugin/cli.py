@@ -71,8 +71,11 @@ def cmd_train(argv: Sequence[str]) -> int:
         recipe = load_recipe(path, flags)
         rewards = check_recipe(recipe)
         if dry_run:
-            print(f"{path}: OK ({recipe.args.model}, rewards: {len(rewards)}, "
-                  f"G={recipe.config.num_generations}, max_steps={recipe.config.max_steps})")  # fmt: skip
+            c = recipe.config
+            print(
+                f"{path}: OK ({recipe.args.model}, rewards: {len(rewards)}, "
+                f"G={c.num_generations}, max_steps={c.max_steps})"
+            )
             return 0
         from .app.pipeline import summary_lines, train_recipe
 
@@ -130,10 +133,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, args.adapter)
-    result = evaluate(model, tokenizer, dataset, reward_fn, k=args.k,
-                      max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)  # fmt: skip
-    result = {"model": model_name, "adapter": args.adapter, "dataset": dataset_label(spec),
-              "reward": args.reward, **result}  # fmt: skip
+    scores = evaluate(
+        model,
+        tokenizer,
+        dataset,
+        reward_fn,
+        k=args.k,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+    )
+    run = {"model": model_name, "adapter": args.adapter, "dataset": dataset_label(spec)}
+    result = {**run, "reward": args.reward, **scores}
     print(json.dumps(result, indent=2))
     if args.output:
         Path(args.output).write_text(json.dumps(result, indent=2))

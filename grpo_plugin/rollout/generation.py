@@ -100,7 +100,16 @@ def generate_groups(
     _check_prompts(prompt_ids, num_generations, eos_token_ids)
     pad_id = eos_token_ids[0] if pad_token_id is None else int(pad_token_id)
     keep_bnb_4bit_weights_trainable(model)
-    batch = _generate(model, prompt_ids, num_generations, eos_token_ids, pad_id, sampling, generator, share_prompt_prefix)  # fmt: skip
+    batch = _generate(
+        model,
+        prompt_ids,
+        num_generations,
+        eos_token_ids,
+        pad_id,
+        sampling,
+        generator,
+        share_prompt_prefix,
+    )
     for name in RolloutBatch.ROW_FIELDS:
         setattr(batch, name, getattr(batch, name).clone())  # inference tensors -> normal tensors
     return batch
