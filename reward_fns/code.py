@@ -4,8 +4,10 @@ The code is the last fenced block of the completion (the whole text when there i
 unclosed final fence counts). The ``tests`` column is stdin/stdout cases (``[{"input",
 "output"}]``, ``{"inputs": [...], "outputs": [...]}``, or either as JSON text) or a string of
 Python statements run after the code, each ``assert`` being one test. The score is the fraction
-of tests passed; a run that times out or crashes passes none of its tests; ``tests`` that
-cannot be read score ``None``. Outputs are compared on **all** lines (trailing spaces and
+of tests passed; a run that times out passes none of its tests, nor does a stdin/stdout case
+whose program crashes (exit code not 0); with asserts, a judge outside the program's process
+decides each one (``reward_fns.code_harness``), so the asserts decided before a crash keep their
+verdicts; ``tests`` that cannot be read score ``None``. Outputs are compared on **all** lines (trailing spaces and
 blank lines ignored), not ``zip``-ed over a prefix as in open-r1's checker. Runs go through a
 thread pool of ``2 * os.cpu_count()`` workers (sandbox start-up is partly latency, so 2x
 oversubscription measured ~1.5x faster than one per core on the 2-core CI machine).
@@ -19,36 +21,16 @@ import ast
 import json
 import os
 import re
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from reward_fns.registry import column, completion_text, register
-from reward_fns.sandbox import SandboxLimits, run_python, sandbox_mode
+from reward_fns.sandbox import SandboxLimits, isolation_level, run_python
 
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
 _OPEN_FENCE = re.compile(r"```[^\n`]*\n")
-
-_HARNESS = r"""
-import ast, os, sys
-fd = int(sys.argv[1])
-code, tests = (open(p, encoding="utf-8").read() for p in sys.argv[2:4])
-scope = {"__name__": "__main__", "__builtins__": __builtins__}
-try:
-    exec(compile(code, "solution.py", "exec"), scope)
-except BaseException:
-    pass  # tests still run on whatever was defined; exiting early earns nothing
-body = ast.parse(tests).body
-asserts = [isinstance(stmt, ast.Assert) for stmt in body]
-results = []
-for stmt in body:  # each assert is one test; other statements (imports, helpers) just run
-    try:
-        exec(compile(ast.Module([stmt], []), "tests.py", "exec"), scope)
-        results.append(True)
-    except BaseException:
-        results.append(False)
-passed = [ok for ok, is_assert in zip(results, asserts) if is_assert] if any(asserts) else [all(results)]
-os.write(fd, b"".join(b"P\n" if ok else b"F\n" for ok in passed))
-"""
 
 
 def extract_code(text: str) -> str:
@@ -93,21 +75,28 @@ def outputs_match(actual: str, expected: str) -> bool:
     return lines(actual) == lines(expected)
 
 
-def _run_case(code: str, case: tuple[str, str], limits: SandboxLimits, mode: str) -> float:
+@dataclass(frozen=True)
+class _Sandbox:
+    limits: SandboxLimits
+    isolation: str
+    packages: tuple[str, ...]
+
+
+def _run_case(code: str, case: tuple[str, str], box: _Sandbox) -> float:
+    """One stdin/stdout case; the output is compared here, outside the sandbox."""
     stdin_text, expected = case
-    result = run_python({"solution.py": code}, ["{dir}/solution.py"], stdin_text, limits, mode)
+    result = run_python(code, stdin_text, None, box.limits, box.isolation, box.packages)
     ok = not result.timed_out and result.returncode == 0
     return float(ok and outputs_match(result.stdout, expected))
 
 
-def _run_asserts(code: str, tests: str, limits: SandboxLimits, mode: str) -> list[float]:
-    files = {"harness.py": _HARNESS, "solution.py": code, "tests.py": tests}
-    args = ["{dir}/harness.py", "{fd}", "{dir}/solution.py", "{dir}/tests.py"]
-    result = run_python(files, args, None, limits, mode)
-    return [1.0 if line == "P" else 0.0 for line in result.results.split()]
+def _run_asserts(code: str, tests: str, box: _Sandbox) -> list[float]:
+    """All asserts of a row in one run; the verdicts come from the judge, never the program."""
+    result = run_python(code, None, tests, box.limits, box.isolation, box.packages)
+    return [1.0 if ok else 0.0 for ok in result.verdicts or []]
 
 
-def score_code(jobs: list[tuple[str, Any]], limits: SandboxLimits, workers: int, mode: str):
+def score_code(jobs: list[tuple[str, Any]], box: _Sandbox, workers: int) -> list[float | None]:
     """Fraction of tests passed per (code, parsed_tests) job; None where tests is None."""
     tasks: list[tuple[int, Any]] = []
     totals: list[int | None] = []
@@ -122,7 +111,7 @@ def score_code(jobs: list[tuple[str, Any]], limits: SandboxLimits, workers: int,
             tasks.append((i, (_run_asserts, code, parsed[1][0])))
     passed = [0.0] * len(jobs)
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(tasks) or 1))) as pool:
-        futures = [(i, pool.submit(fn, code, arg, limits, mode)) for i, (fn, code, arg) in tasks]
+        futures = [(i, pool.submit(fn, code, arg, box)) for i, (fn, code, arg) in tasks]
         for i, future in futures:
             got = future.result()
             passed[i] += sum(got) if isinstance(got, list) else got
@@ -139,21 +128,29 @@ def code_tests(
     memory_mb: int = 1024,
     max_processes: int = 32,
     max_output_bytes: int = 1 << 20,
+    workdir_mb: int = 64,
     workers: int | None = None,
-    sandbox: str = "auto",
+    isolation: str = "auto",
+    packages: Sequence[str] = (),
     **columns: Any,
 ) -> list[float | None]:
-    """Fraction of the row's tests (stdin/stdout cases or asserts) the code passes, sandboxed."""
-    if sandbox not in ("auto", "namespaces", "rlimits"):
-        raise ValueError(f"sandbox must be 'auto', 'namespaces' or 'rlimits', got {sandbox!r}")
-    mode = sandbox_mode() if sandbox == "auto" else sandbox
-    if sandbox == "namespaces" and sandbox_mode() != "namespaces":
-        raise RuntimeError("sandbox='namespaces' requested but unshare does not work here")
+    """Fraction of the row's tests (stdin/stdout cases or asserts) the code passes, sandboxed.
+
+    ``isolation``: ``auto`` (best available, logged), ``strict`` (refuse to run without a
+    minimal root), or a level from ``reward_fns.sandbox.LEVELS``. ``packages``: top-level
+    packages the code may import besides the standard library (e.g. ``["numpy"]``).
+    ``workdir_mb``: size of the program's tmpfs work directory.
+    """
+    if "sandbox" in columns:  # renamed: **columns would otherwise swallow it silently
+        raise TypeError("code_tests: `sandbox=` is now `isolation=` ('namespaces' -> 'strict')")
+    packages = (packages,) if isinstance(packages, str) else tuple(packages)
+    isolation_level(isolation)  # raises here, once, if the machine cannot provide it
     texts = [completion_text(c) for c in completions]
     tests = column(columns, "tests", len(texts), "code_tests")
     jobs = [(extract_code(t), parse_tests(x)) for t, x in zip(texts, tests)]
-    limits = SandboxLimits(timeout_s, memory_mb, max_processes, max_output_bytes)
-    return score_code(jobs, limits, workers or 2 * (os.cpu_count() or 1), mode)
+    limits = SandboxLimits(timeout_s, memory_mb, max_processes, max_output_bytes, workdir_mb)
+    box = _Sandbox(limits, isolation, packages)
+    return score_code(jobs, box, workers or 2 * (os.cpu_count() or 1))
 
 
 code_tests.required_columns = ("tests",)  # read from **columns; recipes check it

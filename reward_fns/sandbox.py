@@ -1,32 +1,36 @@
-"""Run untrusted Python in a fresh, limited, isolated process (used by ``code_tests``).
+"""Run untrusted Python in a fresh, limited, isolated process tree (used by ``code_tests``).
 
-Sandbox: one fresh process per stdin/stdout case, one per assert block.
+Isolation levels (``isolation=``; the active one is logged once per process):
 
-- Always: own session (``setsid``), everything it started killed at the end; wall-clock
-  timeout plus ``RLIMIT_CPU``; ``RLIMIT_AS`` memory cap; ``RLIMIT_NPROC``; ``RLIMIT_FSIZE``
-  caps stdout and any file written; stdin is ``/dev/null`` (or the case's input); environment
-  scrubbed to a minimal ``PATH`` (no ``HF_TOKEN``...); ``python -I -S`` (no site-packages);
-  a fresh temporary working directory, deleted afterwards.
-- Mode ``namespaces`` (root and util-linux ``unshare`` working, as on the project's machines):
-  new network namespace (a downed loopback only: no network, not even 127.0.0.1); new mount
-  namespace where every mount is read-only and ``nosuid`` except the working directory; new
-  PID namespace with its own ``/proc`` (host processes are invisible and cannot be signalled);
-  new IPC/UTS namespaces; a throwaway uid with no capabilities and ``no_new_privs``, so
-  ``RLIMIT_NPROC`` really binds and a fork bomb stays small.
-- Mode ``rlimits`` (fallback, logged as a warning): the "always" list only. Network and
-  filesystem are NOT isolated. As root the code still runs under a throwaway uid (it needs a
-  world-readable ``python3``, else this mode refuses); as a normal user it runs as that user,
-  so it may signal that user's processes and a process calling ``setsid`` can outlive the run.
+- ``bwrap``: bubblewrap (Debian: ``apt-get install bubblewrap``) builds the minimal root of
+  :mod:`reward_fns.sandbox_root` (interpreter and stdlib read-only, empty tmpfs ``/work``,
+  ``/dev/null``, ``/dev/urandom``, private ``/proc``; no home, checkout, host ``/tmp``,
+  site-packages beyond an allow-list, or ``/etc``) in new mount, PID, network, IPC and UTS
+  namespaces. Needs root.
+- ``pivot_root``: the same root and namespaces, made by :mod:`reward_fns.sandbox_init` itself
+  (``unshare(2)``, mounts, ``pivot_root(2)``). Needs root.
+- ``rlimits``: no root and no namespaces (logged as a warning): the host's files are readable
+  and the work directory is a host temporary folder.
 
-Not defended against: CPU contention during the timeout, and a program written to forge its
-own assert results (it shares the harness's interpreter). bubblewrap is not used: it is not
-installed on the project's machines and ``unshare`` covers the same ground here.
+``auto`` takes the first of these that works here; ``strict`` does too but refuses ``rlimits``.
+
+Limits for the whole run (memory, task count) come from a cgroup when we can make one
+(:mod:`reward_fns.sandbox_cgroup`), else from per-process rlimits only; the log line says which.
+Always: wall-clock timeout and ``RLIMIT_CPU``; ``RLIMIT_AS``, ``RLIMIT_NPROC``, ``RLIMIT_FSIZE``,
+``RLIMIT_NOFILE`` per process; no core dumps; an environment with ``PATH`` and little else; the
+program's stdin, stdout and stderr and the judge's verdicts in memfds (nothing lands on the
+host's ``/tmp``); as root, two throwaway uids, one for the program and one for the judge
+(:mod:`reward_fns.code_harness`), so the program can neither signal, trace nor read the judge.
+
+Not defended: CPU contention during the timeout. At ``rlimits`` also the host filesystem (read),
+disk use beyond the per-file cap, and, as a non-root user, the user's other processes (signals)
+and a ``setsid`` child outliving the run.
 """
 
 from __future__ import annotations
 
-import json
 import logging
+import marshal
 import math
 import os
 import re
@@ -37,62 +41,41 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
-from functools import lru_cache
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from functools import cache, lru_cache
+
+from reward_fns import code_harness, sandbox_cgroup, sandbox_root
 
 logger = logging.getLogger("reward_fns.code")
 
 UID_BASE = 0x3000_0000  # throwaway uids: UID_BASE + random, never a real account
+LEVELS = ("bwrap", "pivot_root", "rlimits")
+ISOLATIONS = ("auto", "strict", *LEVELS)
 _SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
-_UNSHARE = ["--net", "--mount", "--pid", "--ipc", "--uts", "--fork", "--kill-child"]
-_UNSHARE += ["--mount-proc", "--propagation", "private"]
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_BWRAP = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--die-with-parent"]
+_BWRAP += ["--as-pid-1", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+_BWRAP += ["--cap-add", "CAP_CHOWN", "--chdir", "/"]
 
-_BOOTSTRAP = r"""
-import ctypes, json, os, resource, sys
-spec = json.loads(sys.argv[1])
-libc = ctypes.CDLL(None, use_errno=True)
-KEEP = {"nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodiratime": 2048,
-        "relatime": 1 << 21, "strictatime": 1 << 24}
-def mount(src, dst, flags):
-    if libc.mount(src and src.encode(), dst.encode(), None, flags, None) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), dst)
-if spec["namespaces"]:
-    mount(spec["work"], spec["work"], 4096 | 16384)
-    if spec["bind_prefix"]:
-        mount(spec["bind_prefix"], spec["prefix_target"], 4096 | 16384)
-    for line in open("/proc/self/mountinfo").read().splitlines():
-        fields = line.split()
-        point = fields[4].encode().decode("unicode_escape")
-        if point != spec["work"]:
-            flags = 32 | 4096 | 1 | 2  # MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID
-            for opt in fields[5].split(","):
-                flags |= KEEP.get(opt, 0)
-            mount(None, point, flags)
-for name, value in spec["limits"].items():
-    resource.setrlimit(getattr(resource, name), tuple(value))
-if spec["uid"] is not None:
-    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
-    os.setgroups([])
-    os.setgid(spec["uid"])
-    os.setuid(spec["uid"])
-os.chdir(spec["work"])
-if not spec["namespaces"] and os.fork():  # stay as the parent, so getppid() is not the trainer
-    _, status = os.wait()
-    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
-os.execve(spec["argv"][0], spec["argv"], spec["env"])
-"""
+
+class IsolationError(RuntimeError):
+    """The requested isolation cannot be built on this machine."""
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Per-run limits: wall clock, memory (address space), processes, output bytes."""
+    """Per-run limits. With a cgroup, ``memory_mb`` and ``max_processes`` hold for the whole
+    run; they are also each process's ``RLIMIT_AS`` and its uid's ``RLIMIT_NPROC``."""
 
     timeout_s: float = 5.0
     memory_mb: int = 1024
     max_processes: int = 32
     max_output_bytes: int = 1 << 20
+    workdir_mb: int = 64
+    max_open_files: int = 256
 
 
 @dataclass
@@ -102,39 +85,112 @@ class RunResult:
     returncode: int | None
     stdout: str
     timed_out: bool
-    results: str = ""  # the assert harness's P/F lines
+    verdicts: list[bool] | None = None  # the judge's, one per assert; None: no complete verdict
     stderr: str = ""
+    oom_kills: int = 0
 
 
-def _world_accessible(path: str) -> bool:
-    """Whether any uid can reach and execute ``path`` (o+x on every directory on the way)."""
-    path = os.path.realpath(path)
-    parts = path.split(os.sep)
-    for i in range(2, len(parts) + 1):
-        if not os.stat(os.sep.join(parts[:i]) or os.sep).st_mode & 0o001:
-            return False
-    return True
+def run_python(
+    code: str,
+    stdin_text: str | None = None,
+    tests: str | None = None,
+    limits: SandboxLimits = SandboxLimits(),
+    isolation: str = "auto",
+    packages: Sequence[str] = (),
+) -> RunResult:
+    """Run ``code`` as ``__main__`` in the sandbox; with ``tests`` (Python source whose top-level
+    asserts are the tests), a judge the program cannot reach evaluates them."""
+    return _run(isolation_level(isolation), code, stdin_text, tests, limits, tuple(packages))
 
 
-def _interpreter(namespaces: bool) -> tuple[str, str | None]:
-    """The interpreter for sandboxed code and, if a throwaway uid cannot reach it, a prefix to bind.
+def _run(level, code, stdin_text, tests, limits: SandboxLimits, packages) -> RunResult:
+    cgroup_setup = sandbox_cgroup.hierarchy()
+    with _Files() as files:
+        uids = _throwaway_uids()
+        spec = {**_static_spec(level, packages, limits.workdir_mb), "code": code, "uids": uids}
+        spec["limits"] = _rlimits(limits)
+        if level == "rlimits":
+            spec.update(_host_work(files, uids))
+        judged = code_harness.compile_tests(tests) if tests is not None else None
+        spec["tests_fd"] = files.memfd("tests", judged) if judged is not None else None
+        spec["results_fd"] = files.memfd("results", b"") if tests is not None else None
+        cgroup = None
+        if cgroup_setup is not None:
+            tasks = limits.max_processes + 3  # + the outside waiter, sandbox_init, the judge
+            cgroup = files.cgroup = sandbox_cgroup.RunCgroup(
+                cgroup_setup, limits.memory_mb << 20, tasks
+            )
+        spec["cgroup_procs"] = cgroup.procs_files() if cgroup and level != "bwrap" else []
+        spec_fd = files.memfd("spec", marshal.dumps(spec))
+        argv = _command(level, packages, limits, spec_fd)
+        if cgroup is not None and level == "bwrap":
+            argv = cgroup.wrap(argv)
+        stdout, stderr = files.memfd("stdout", b""), files.memfd("stderr", b"")
+        stdin = files.memfd("stdin", stdin_text.encode()) if stdin_text is not None else None
+        proc = subprocess.Popen(
+            argv,
+            stdin=stdin if stdin is not None else subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            env={"PATH": _SAFE_PATH},
+            cwd="/",
+            start_new_session=True,
+            pass_fds=tuple(fd for fd in (spec_fd, spec["tests_fd"], spec["results_fd"]) if fd),
+        )
+        timed_out = not _wait(proc, limits.timeout_s)
+        _reap(proc, cgroup, uids)
+        results = _read(spec["results_fd"], 1 << 20) if tests is not None else ""
+        return RunResult(
+            returncode=proc.returncode,
+            stdout=_read(stdout, limits.max_output_bytes),
+            timed_out=timed_out,
+            verdicts=_verdicts(results) if tests is not None and not timed_out else None,
+            stderr=_read(stderr, 1 << 16),
+            oom_kills=cgroup.oom_kills() if cgroup is not None else 0,
+        )
 
-    Without namespaces nothing can be bound, so a world-reachable ``python3`` from the minimal
-    PATH is used instead (the code only needs the standard library).
-    """
-    real = os.path.realpath(sys.executable)
-    prefix = os.path.realpath(sys.base_prefix)
-    if _world_accessible(real):
-        return real, None
-    if namespaces and real.startswith(prefix + os.sep):
-        return real, prefix
-    system = shutil.which("python3", path=_SAFE_PATH)
-    if system and _world_accessible(system):
-        return os.path.realpath(system), None
-    return real, prefix
+
+class _Files:
+    """The run's descriptors, host work folder and cgroup, all released on exit."""
+
+    def __init__(self) -> None:
+        self.fds: list[int] = []
+        self.folders: list[str] = []
+        self.cgroup: sandbox_cgroup.RunCgroup | None = None
+
+    def __enter__(self) -> _Files:
+        return self
+
+    def memfd(self, name: str, data: bytes) -> int:
+        if hasattr(os, "memfd_create"):
+            fd = os.memfd_create(f"reward_fns-{name}")
+        else:  # not Linux: an unnamed temporary file
+            fd = os.dup((f := tempfile.TemporaryFile()).fileno())
+            f.close()
+        self.fds.append(fd)
+        while data:
+            data = data[os.write(fd, data) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+        return fd
+
+    def __exit__(self, *exc: object) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        for folder in self.folders:
+            shutil.rmtree(folder, ignore_errors=True)
+        if self.cgroup is not None:
+            self.cgroup.remove()
 
 
-def _limits(limits: SandboxLimits) -> dict[str, list[int]]:
+def _throwaway_uids() -> tuple[int, int] | None:
+    """Two distinct never-used uids (program, judge) when we can switch uid, else None."""
+    if os.geteuid() != 0:
+        return None
+    program = UID_BASE + secrets.randbelow(1 << 24)
+    return program, program + 1 + secrets.randbelow(1 << 20)
+
+
+def _rlimits(limits: SandboxLimits) -> dict[str, list[int]]:
     cpu = math.ceil(limits.timeout_s) + 1
     memory = limits.memory_mb << 20
     return {
@@ -143,26 +199,75 @@ def _limits(limits: SandboxLimits) -> dict[str, list[int]]:
         "RLIMIT_NPROC": [limits.max_processes, limits.max_processes],
         "RLIMIT_FSIZE": [limits.max_output_bytes, limits.max_output_bytes],
         "RLIMIT_CORE": [0, 0],
-        "RLIMIT_NOFILE": [256, 256],
+        "RLIMIT_NOFILE": [limits.max_open_files, limits.max_open_files],
     }
 
 
-def _processes_of(uid: int) -> list[int]:
-    """Live (non-zombie) processes whose real uid is ``uid``."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as f:
-                status = f.read()
-        except OSError:
-            continue
-        match = re.search(r"^Uid:\s+(\d+)", status, re.MULTILINE)
-        zombie = re.search(r"^State:\s+Z", status, re.MULTILINE)  # dead; init reaps it
-        if match and int(match.group(1)) == uid and not zombie:
-            pids.append(int(entry))
-    return pids
+@lru_cache(maxsize=32)
+def _static_spec(level: str, packages: tuple[str, ...], workdir_mb: int) -> dict:
+    """The part of sandbox_init's spec that is the same for every run of a configuration."""
+    if level == "rlimits":
+        stdlib = sandbox_root._interpreter_files()[2]
+        extra = [os.path.dirname(_package_dir(name)) for name in packages]
+        sys_path = [stdlib, os.path.join(stdlib, "lib-dynload"), *dict.fromkeys(extra)]
+        return {"level": level, "packages": list(packages), "mounts": [], "staging": None,
+                "executable": sys.executable, "sys_path": sys_path}  # fmt: skip
+    root = _root(packages, workdir_mb)
+    env = {"PATH": _SAFE_PATH, "HOME": sandbox_root.WORK, "TMPDIR": sandbox_root.WORK}
+    env.update(LANG="C.UTF-8", LD_LIBRARY_PATH=root.library_path)
+    return {
+        "level": level,
+        "packages": list(packages),
+        "mounts": [asdict(m) for m in root.mounts],
+        "staging": sandbox_root.staging_dir(root) if level == "pivot_root" else None,
+        "executable": root.python,
+        "sys_path": list(root.sys_path),
+        "work": sandbox_root.WORK,
+        "env": env,
+    }
+
+
+def _host_work(files: _Files, uids: tuple[int, int] | None) -> dict:
+    """At level ``rlimits``: a fresh host folder as the work directory, removed afterwards."""
+    work = tempfile.mkdtemp(prefix="reward_fns-")
+    files.folders.append(work)
+    if uids:
+        os.chown(work, uids[0], uids[0])
+    env = {"PATH": _SAFE_PATH, "HOME": work, "TMPDIR": work, "LANG": "C.UTF-8"}
+    return {"work": work, "env": env}
+
+
+def _package_dir(name: str) -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        raise ValueError(f"allowed package {name!r} is not installed here")
+    return os.path.dirname(spec.origin) if spec.submodule_search_locations else spec.origin
+
+
+def _root(packages: tuple[str, ...], workdir_mb: int) -> sandbox_root.Root:
+    return sandbox_root.minimal_root(packages, workdir_mb << 20, _HERE)
+
+
+def _command(level: str, packages, limits: SandboxLimits, spec_fd: int) -> list[str]:
+    if level != "bwrap":  # sandbox_init makes the namespaces itself at level pivot_root
+        init = os.path.join(_HERE, "sandbox_init.py")
+        return [os.path.realpath(sys.executable), "-I", "-S", init, str(spec_fd)]
+    root = _root(packages, limits.workdir_mb)
+    boot = [root.python, "-I", "-S", f"{sandbox_root.RUNTIME_DIR}/sandbox_init.py", str(spec_fd)]
+    env = ["--setenv", "LD_LIBRARY_PATH", root.library_path]
+    return ["bwrap", *sandbox_root.bwrap_args(root), *_BWRAP, *env, *boot]
+
+
+def _verdicts(results: str) -> list[bool] | None:
+    lines = results.split()
+    return [line == "P" for line in lines[:-1]] if lines[-1:] == ["E"] else None
+
+
+def _read(fd: int, limit: int) -> str:
+    os.lseek(fd, 0, os.SEEK_SET)
+    return os.read(fd, limit).decode("utf-8", errors="replace")
 
 
 def _wait(proc: subprocess.Popen[bytes], timeout: float) -> bool:
@@ -182,16 +287,34 @@ def _wait(proc: subprocess.Popen[bytes], timeout: float) -> bool:
     return proc.poll() is not None
 
 
-def _reap(proc: subprocess.Popen[bytes], uid: int | None) -> None:
+def _processes_of(uids: set[int]) -> list[int]:
+    """Live (non-zombie) processes whose real uid is in ``uids``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                status = f.read()
+        except (OSError, ValueError):
+            continue
+        match = re.search(r"^Uid:\s+(\d+)", status, re.MULTILINE)
+        zombie = re.search(r"^State:\s+Z", status, re.MULTILINE)
+        if entry.isdigit() and match and int(match.group(1)) in uids and not zombie:
+            pids.append(int(entry))
+    return pids
+
+
+def _reap(proc, cgroup: sandbox_cgroup.RunCgroup | None, uids) -> None:
     """Kill everything the run started, so that nothing outlives it, not even a zombie.
 
-    With a throwaway uid, its processes are killed first: the namespace's init dies, the kernel
-    kills the rest of the namespace, and ``unshare`` reaps them before exiting (killing
-    ``unshare`` first would orphan them to the host's init). Then the process group goes.
+    With a cgroup: every task in it, until it is empty. Without: the throwaway uids' processes
+    (killing the launcher first would orphan them to the host's init), then the process group.
     """
+    if cgroup is not None:
+        if not cgroup.kill_all():
+            logger.warning("code_tests sandbox: tasks %s outlived their run", cgroup.tasks())
     deadline = time.monotonic() + 5.0
     while True:
-        stray = _processes_of(uid) if uid is not None else []
+        stray = _processes_of(set(uids)) if uids and cgroup is None else []
         for pid in stray:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -203,7 +326,7 @@ def _reap(proc: subprocess.Popen[bytes], uid: int | None) -> None:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        if uid is None or late:
+        if not uids or cgroup is not None or late:
             proc.wait()
             if stray:
                 logger.warning("code_tests sandbox: processes %s outlived their run", stray)
@@ -213,124 +336,66 @@ def _reap(proc: subprocess.Popen[bytes], uid: int | None) -> None:
         time.sleep(0.005)
 
 
-def run_python(
-    files: dict[str, str],
-    args: list[str],
-    stdin_text: str | None = None,
-    limits: SandboxLimits = SandboxLimits(),
-    mode: str = "auto",
-) -> RunResult:
-    """Run ``python -I -S <args>`` in the sandbox; ``files`` are written next to the program.
-
-    ``args`` may use ``{dir}`` (where ``files`` are) and ``{fd}`` (a result descriptor).
-    """
-    mode = sandbox_mode() if mode == "auto" else mode
-    outer = tempfile.mkdtemp(prefix="reward_fns-")
-    try:
-        return _run_in(outer, files, args, stdin_text, limits, mode)
-    finally:
-        shutil.rmtree(outer, ignore_errors=True)
+_LOG_LOCK = threading.Lock()
 
 
-@dataclass
-class _Plan:
-    work: str
-    python: str
-    prefix: str | None
-    uid: int | None
-    env: dict[str, str]
-
-
-def _prepare(outer: str, files: dict[str, str], namespaces: bool) -> _Plan:
-    """Lay out ``outer`` (programs, private io/, the code's work/) and pick uid and interpreter."""
-    os.chmod(outer, 0o755)
-    work = os.path.join(outer, "work")
-    os.mkdir(work, 0o700)
-    os.mkdir(os.path.join(outer, "io"), 0o700)
-    for name, text in files.items():
-        with open(os.path.join(outer, name), "w", encoding="utf-8") as f:
-            f.write(text)
-    python, prefix = _interpreter(namespaces)
-    uid = None
-    if os.geteuid() == 0:
-        if not namespaces and prefix:
-            raise RuntimeError(
-                "code_tests cannot drop root for generated code: no world-readable python3 "
-                "and no working `unshare`; run as a non-root user or enable namespaces"
-            )
-        uid = UID_BASE + secrets.randbelow(1 << 24)
-        os.chown(work, uid, uid)
-    env = {"PATH": _SAFE_PATH, "HOME": work, "TMPDIR": work, "LANG": "C.UTF-8"}
-    if namespaces and prefix:
-        target = os.path.join(outer, "py")
-        os.mkdir(target)
-        python = os.path.join(target, os.path.relpath(python, prefix))
-        env["LD_LIBRARY_PATH"] = os.path.join(target, "lib")
-    return _Plan(work, python, prefix if namespaces else None, uid, env)
-
-
-def _run_in(
-    outer: str,
-    files: dict[str, str],
-    args: list[str],
-    stdin_text: str | None,
-    limits: SandboxLimits,
-    mode: str,
-) -> RunResult:
-    namespaces = mode == "namespaces"
-    plan = _prepare(outer, files, namespaces)
-    io = os.path.join(outer, "io")
-    with open(os.path.join(io, "stdin"), "w", encoding="utf-8") as f:
-        f.write(stdin_text or "")
-    with (
-        open(os.path.join(io, "stdin"), "rb") as stdin,
-        open(os.path.join(io, "stdout"), "wb") as stdout,
-        open(os.path.join(io, "stderr"), "wb") as stderr,
-        open(os.path.join(io, "results"), "wb") as results,
-    ):
-        argv = [plan.python, "-I", "-S"] + [a.format(dir=outer, fd=results.fileno()) for a in args]
-        spec = {"namespaces": namespaces, "work": plan.work, "uid": plan.uid, "argv": argv}
-        spec.update(env=plan.env, limits=_limits(limits), bind_prefix=plan.prefix)
-        spec["prefix_target"] = os.path.join(outer, "py")
-        boot = [os.path.realpath(sys.executable), "-I", "-S", "-c", _BOOTSTRAP, json.dumps(spec)]
-        proc = subprocess.Popen(
-            ["unshare", *_UNSHARE, *boot] if namespaces else boot,
-            stdin=stdin if stdin_text is not None else subprocess.DEVNULL,
-            stdout=stdout,
-            stderr=stderr,
-            env={"PATH": _SAFE_PATH},
-            cwd=plan.work,
-            start_new_session=True,
-            pass_fds=(results.fileno(),),
+def isolation_level(isolation: str = "auto") -> str:
+    """The level a run with ``isolation`` gets here; raises :class:`IsolationError` if none."""
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
+    if isolation in LEVELS:
+        why = _why_not(isolation)
+        if why:
+            raise IsolationError(f"code_tests isolation={isolation!r} does not work here: {why}")
+        return isolation
+    level = _best_level()
+    if isolation == "strict" and level == "rlimits":
+        raise IsolationError(
+            "code_tests isolation='strict' needs a minimal root and none can be built here: "
+            f"bwrap: {_why_not('bwrap')}; pivot_root: {_why_not('pivot_root')}. "
+            "Run as root with bubblewrap (apt-get install bubblewrap) or util-linux unshare."
         )
-        timed_out = not _wait(proc, limits.timeout_s)
-        _reap(proc, plan.uid)
-    return RunResult(
-        proc.returncode,
-        _read(os.path.join(io, "stdout"), limits.max_output_bytes),
-        timed_out,
-        _read(os.path.join(io, "results")),
-        _read(os.path.join(io, "stderr"), 1 << 16),
-    )
-
-
-def _read(path: str, limit: int = 1 << 20) -> str:
-    with open(path, "rb") as f:
-        return f.read(limit).decode("utf-8", errors="replace")
+    return level
 
 
 @lru_cache(maxsize=1)
-def sandbox_mode() -> str:
-    """``namespaces`` when root and ``unshare`` work here (checked once), else ``rlimits``."""
-    why = "not running as root"
-    if os.geteuid() == 0 and shutil.which("unshare"):
-        probe = run_python({"p.py": "import os\nprint(os.getuid())\n"}, ["{dir}/p.py"],
-                           limits=SandboxLimits(timeout_s=30.0), mode="namespaces")  # fmt: skip
-        if probe.returncode == 0 and probe.stdout.strip().isdigit():
-            return "namespaces"
-        why = f"unshare probe failed (exit code {probe.returncode}: {probe.stderr[-300:]!r})"
-    logger.warning(
-        "code_tests sandbox: %s; falling back to rlimits only - NO network or filesystem "
-        "isolation for generated code", why
-    )  # fmt: skip
-    return "rlimits"
+def _best_level() -> str:
+    level = next(lvl for lvl in LEVELS if not _why_not(lvl))
+    cgroup = sandbox_cgroup.hierarchy()
+    limits = cgroup.describe() if cgroup else "per-process rlimits only (no usable cgroup)"
+    with _LOG_LOCK:
+        if level == "rlimits":
+            logger.warning(
+                "code_tests sandbox: isolation=rlimits - NO minimal root, NO network isolation "
+                "(bwrap: %s; pivot_root: %s); limits: %s",
+                _why_not("bwrap"),
+                _why_not("pivot_root"),
+                limits,
+            )
+        else:
+            logger.info(
+                "code_tests sandbox: isolation=%s (minimal root: interpreter + stdlib read-only, "
+                "tmpfs /work, private /proc, no network); limits: %s",
+                level,
+                limits,
+            )
+    return level
+
+
+@cache
+def _why_not(level: str) -> str:
+    """Why ``level`` cannot run here ('' when it can): tools, then one real probe run."""
+    if level == "rlimits":
+        return ""
+    if os.geteuid() != 0:
+        return "not running as root"
+    if level == "bwrap" and not shutil.which("bwrap", path=_SAFE_PATH):
+        return "bwrap is not installed"
+    try:
+        code = "import os\nprint(sorted(os.listdir('/')))"
+        probe = _run(level, code, None, None, SandboxLimits(timeout_s=30.0), ())
+    except (OSError, RuntimeError, ValueError) as exc:
+        return f"probe failed: {exc}"
+    if probe.returncode != 0 or not probe.stdout.startswith("["):
+        return f"probe failed (exit code {probe.returncode}: {probe.stderr[-300:]!r})"
+    return ""

@@ -144,7 +144,7 @@ def test_rlimits_fallback_also_contains(name):
         pytest.skip("the fallback only drops to a throwaway uid when running as root")
     before = children_of(os.getpid())
     start = time.monotonic()
-    assert code_tests([fence(HOSTILE[name])], [ADD_TESTS], sandbox="rlimits") == [0.0]
+    assert code_tests([fence(HOSTILE[name])], [ADD_TESTS], isolation="rlimits") == [0.0]
     assert time.monotonic() - start < TIMEOUT_S + 2.0
     assert sandbox_processes() == []
     assert children_of(os.getpid()) <= before
@@ -159,7 +159,7 @@ def test_exit_zero_does_not_pass_stdio_case():
 def test_secrets_are_not_visible(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_super_secret_token")
     src = "import os\nprint(os.environ.get('HF_TOKEN', ''))\nprint(sorted(os.environ))"
-    result = sandbox.run_python({"s.py": src}, ["{dir}/s.py"], limits=sandbox.SandboxLimits(5.0))
+    result = sandbox.run_python(src, limits=sandbox.SandboxLimits(5.0))
     assert result.returncode == 0
     first, names = result.stdout.splitlines()
     assert first == "" and "hf_super_secret_token" not in result.stdout
@@ -168,7 +168,7 @@ def test_secrets_are_not_visible(monkeypatch):
 
 @pytest.fixture
 def namespaces_only():
-    if sandbox.sandbox_mode() != "namespaces":
+    if sandbox.isolation_level() == "rlimits":
         pytest.skip("network and filesystem isolation need the 'namespaces' sandbox (unshare)")
 
 
@@ -180,7 +180,7 @@ def test_no_network_even_to_localhost(namespaces_only):
     port = server.getsockname()[1]
     src = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\nprint('connected')"
     try:
-        result = sandbox.run_python({"s.py": src}, ["{dir}/s.py"])
+        result = sandbox.run_python(src)
         assert result.returncode != 0 and "connected" not in result.stdout
         with pytest.raises(TimeoutError):
             server.accept()
@@ -198,7 +198,7 @@ def test_cannot_write_outside_workdir(namespaces_only, tmp_path):
     src = (
         "\n".join(lines) + "\nopen('inside.txt', 'w').write('ok')\nprint(open('inside.txt').read())"
     )
-    result = sandbox.run_python({"s.py": src}, ["{dir}/s.py"])
+    result = sandbox.run_python(src)
     assert result.stdout.split() == ["ok"]  # only the working directory is writable
     for target in targets:
         assert not os.path.exists(target)

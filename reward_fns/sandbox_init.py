@@ -1,0 +1,242 @@
+"""The sandbox's first process: builds the minimal root, drops privileges, runs the program.
+
+Started by ``reward_fns.sandbox`` as ``python -I -S sandbox_init.py SPEC_FD``, where ``SPEC_FD``
+holds the spec (``marshal``: written by the host, and a builtin, where ``json`` would cost ~11 ms
+of imports). It is the one trusted process inside the sandbox and uses only the standard
+library: ``-I`` keeps this folder off ``sys.path`` (``reward_fns/code.py`` and ``math.py`` would
+shadow the stdlib), so :mod:`reward_fns.code_wire` and :mod:`reward_fns.code_harness` are loaded
+by their file paths, before the host filesystem disappears.
+
+Unlike the usual sandbox, which ``exec``s a fresh interpreter for the untrusted code, the
+program's processes are ``fork``s of this one: an interpreter start-up is the largest cost of a
+run (~15 ms), and the fork pays for the new mount work. What the fork inherits is public (this
+module, the spec without the tests); the tests reach only the judge, through a descriptor that the
+program's child closes before anything else.
+
+Levels (chosen on the host): ``pivot_root`` - we make new mount, PID, network, IPC and UTS
+namespaces with ``unshare(2)`` (what util-linux ``unshare --fork --kill-child`` does, minus an
+exec), build the root from the spec's mount list as PID 1, and ``pivot_root`` into it; ``bwrap``
+- bubblewrap built the root and we start inside it with only CAP_SETUID, CAP_SETGID and
+CAP_CHOWN; ``rlimits`` - no root at all, the host filesystem stays visible. Except under
+bubblewrap (whose caller does it), our first act is to join the run's cgroup.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import marshal
+import os
+import resource
+import sys
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MNT_DETACH = 2
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x20000, 0x4000000, 0x8000000
+CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
+SIGKILL = 9
+_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str = "") -> None:
+    def raw(text: str | None) -> bytes | None:
+        return text.encode() if text else None
+
+    _check(_libc.mount(raw(source), raw(target), raw(fstype), flags, raw(data)), f"mount {target}")
+
+
+def _make_target(path: str, is_dir: bool) -> None:
+    os.makedirs(path if is_dir else os.path.dirname(path), mode=0o755, exist_ok=True)
+    if not is_dir and not os.path.exists(path):
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o444))
+
+
+def _bind(source: str, target: str, flags: int) -> None:
+    """A non-recursive bind, then a remount: a bind ignores flags until it is remounted."""
+    _make_target(target, os.path.isdir(source))
+    mount(source, target, None, MS_BIND)
+    mount(None, target, None, MS_REMOUNT | MS_BIND | flags)
+
+
+def build_root(staging: str, mounts: list[dict], work_uid: int | None) -> None:
+    """Lay ``mounts`` out under ``staging`` (a fresh tmpfs), then make it ``/``.
+
+    The kinds mirror bubblewrap's options (``reward_fns.sandbox_root`` writes both), so the two
+    levels build the same tree.
+    """
+    mount("tmpfs", staging, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
+    for m in mounts:
+        target = staging + m["target"]
+        kind = m["kind"]
+        if kind == "ro":
+            _bind(m["source"], target, MS_RDONLY | MS_NOSUID | MS_NODEV)
+        elif kind == "dev":  # a device node: nodev would make it unusable
+            _bind(m["source"], target, MS_NOSUID | MS_NOEXEC)
+        elif kind == "mask":  # an empty read-only directory over a bound one (site-packages)
+            mount("tmpfs", target, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0755")
+        elif kind == "work":
+            owner = f",uid={work_uid},gid={work_uid}" if work_uid is not None else ""
+            options = f"size={m['size']},nr_inodes=16384,mode=0700{owner}"
+            _make_target(target, True)
+            mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, options)
+        elif kind == "proc":  # hidepid=2: the program cannot even see other uids' processes
+            _make_target(target, True)
+            mount("proc", target, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2")
+        else:
+            raise ValueError(f"unknown mount kind {kind!r}")
+    os.chdir(staging)
+    number = _PIVOT_ROOT.get(os.uname().machine)
+    if number is None:
+        raise OSError(f"pivot_root: unknown syscall number on {os.uname().machine}")
+    _check(_libc.syscall(number, b".", b"."), "pivot_root")  # the old root now sits on top of /
+    _check(_libc.umount2(b".", MNT_DETACH), "umount old root")
+    os.chdir("/")
+    mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def enter_namespaces() -> None:
+    """New namespaces; we go on as PID 1 inside, our parent stays outside to relay the exit.
+
+    If the outside process is killed, PID 1 gets SIGKILL (``PR_SET_PDEATHSIG``), and with it
+    every process of the namespace. Mounts made afterwards never propagate to the host.
+    """
+    flags = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID | CLONE_NEWNET
+    _check(_libc.unshare(flags), "unshare")
+    pid = os.fork()
+    if pid:
+        _close_fds_except(set())
+        _, status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        os._exit(code if code >= 0 else 128 - code)
+    _libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+
+
+def join_cgroups(procs_files: list[str]) -> None:
+    """Move this process (and so everything it will start) into the run's cgroup."""
+    for path in procs_files:
+        with open(path, "w") as f:
+            f.write(str(os.getpid()))
+
+
+def _close_fds_except(keep: set[int]) -> None:
+    """Close every descriptor but 0, 1, 2 and ``keep``."""
+    previous = 2
+    for fd in sorted(keep | {2**16}):
+        if fd > previous + 1:
+            os.closerange(previous + 1, fd)
+        previous = fd
+
+
+def drop_privileges(spec: dict, uid: int | None, keep_fds: set[int]) -> None:
+    """Everything a run's process gives up before untrusted code or data reaches it."""
+    _close_fds_except(keep_fds)
+    for name, value in spec["limits"].items():
+        resource.setrlimit(getattr(resource, name), tuple(value))
+    if uid is not None:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+    _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+
+
+def _fork(spec: dict, uid: int | None, keep_fds: set[int], body) -> int:
+    """Fork a child that drops privileges, runs ``body()`` (which must not return), and exits."""
+    pid = os.fork()
+    if pid:
+        return pid
+    status = 70
+    try:
+        drop_privileges(spec, uid, keep_fds)
+        body()
+    except BaseException as exc:  # noqa: BLE001 - a child must never return into this code
+        os.write(2, f"sandbox_init: {exc!r}\n".encode())
+    os._exit(status)
+
+
+def _wait_for(child: int) -> int:
+    """Reap until ``child`` exits (as PID 1 we also inherit the program's orphans)."""
+    while True:
+        pid, status = os.wait()
+        if pid == child:
+            return os.waitstatus_to_exitcode(status)
+
+
+def _load(directory: str, name: str):
+    """Import ``directory/name.py`` as top-level ``name`` (its ``.pyc`` is used when current)."""
+    from importlib.machinery import SourceFileLoader  # importlib.util costs ~10 ms more
+
+    loader = SourceFileLoader(name, os.path.join(directory, f"{name}.py"))
+    module = type(sys)(name)
+    module.__file__, module.__loader__ = loader.path, loader
+    sys.modules[name] = module
+    loader.exec_module(module)
+    return module
+
+
+def _enter(spec: dict) -> None:
+    """Reach the run's root (or, at level ``rlimits``, its working directory)."""
+    uid_c = spec["uids"][0] if spec["uids"] else None
+    if spec["level"] == "pivot_root":
+        build_root(spec["staging"], spec["mounts"], uid_c)
+    elif spec["level"] == "bwrap" and uid_c is not None:
+        os.chown(spec["work"], uid_c, uid_c)
+    sys.path[:] = spec["sys_path"]
+    sys.executable = spec["executable"]
+    sys.argv = ["solution.py"]
+    os.environ.clear()
+    os.environ.update(spec["env"])
+
+
+def main(spec_fd: int) -> int:
+    with os.fdopen(spec_fd, "rb") as f:
+        spec = marshal.loads(f.read())
+    join_cgroups(spec["cgroup_procs"])
+    if spec["level"] == "pivot_root":
+        enter_namespaces()
+    here = os.path.dirname(os.path.abspath(__file__))
+    _load(here, "code_wire")
+    harness = _load(here, "code_harness")
+    if spec["tests_fd"] is not None:
+        import json  # noqa: F401 - both children need it: import once, before the forks
+    _enter(spec)
+    uid_c, uid_j = spec["uids"] or (None, None)
+    work = spec["work"]
+
+    def candidate(*fds: int):
+        def body():
+            os.chdir(work)
+            harness.run_candidate(spec["code"], *fds)
+
+        return body
+
+    if spec["tests_fd"] is None:  # stdin/stdout case: the host compares the output
+        child = _fork(spec, uid_c, set(), candidate())
+        return _wait_for(child)
+    req_r, req_w = os.pipe()
+    resp_r, resp_w = os.pipe()
+    judged = {req_w, resp_r, spec["tests_fd"], spec["results_fd"]}
+    _fork(spec, uid_c, {req_r, resp_w}, candidate(req_r, resp_w))
+
+    def judge():
+        _libc.prctl(
+            PR_SET_DUMPABLE, 0, 0, 0, 0
+        )  # no ptrace, no /proc/PID/{mem,fd}, same uid or not
+        harness.run_judge(spec["tests_fd"], spec["results_fd"], req_w, resp_r, spec["packages"])
+
+    child = _fork(spec, uid_j, judged, judge)
+    for fd in (req_r, req_w, resp_r, resp_w, spec["tests_fd"], spec["results_fd"]):
+        os.close(fd)
+    return _wait_for(child)  # then PID 1 exits and the kernel kills the rest of the namespace
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1])))
