@@ -95,6 +95,12 @@ def run_candidate(code: str, req_fd: int | None = None, resp_fd: int | None = No
     namespace, status = _run_as_main(code)
     if req_fd is None:
         _finish(status)
+    serve(namespace, req_fd, resp_fd)
+    os._exit(0)
+
+
+def serve(namespace: dict, req_fd: int, resp_fd: int) -> None:
+    """Send the exports, then answer requests until the judge hangs up."""
     server = _Server(namespace)
     try:
         wire.send(resp_fd, {"exports": server.exports()})
@@ -102,7 +108,6 @@ def run_candidate(code: str, req_fd: int | None = None, resp_fd: int | None = No
             wire.send(resp_fd, server.handle(wire.receive(req_fd)))
     except (wire.LinkError, OSError):  # the judge hung up (done, or it gave up on us)
         pass
-    os._exit(0)
 
 
 class _Server:
@@ -357,16 +362,14 @@ def _judge_scope(exports: Any, link: _Link, packages: list[str], as_module: set[
 
 
 def compile_tests(source: str) -> bytes:
-    """The judge's input, made on the host: each top-level statement compiled on its own, with
-    whether it is an assert, and the names the tests use as modules. The judge then needs
-    neither ``ast`` nor ``compile`` (~15 ms of imports saved per run)."""
+    """The judge's input, made on the host: each top-level statement's source on its own, with
+    whether it is an assert, and the names the tests use as modules. The judge then needs no
+    ``ast`` (~15 ms of imports per run); plain source, not code objects, so that the judge may
+    run on another interpreter version (level ``rlimits`` as root uses the system python3)."""
     import ast
 
     tree = ast.parse(source)
-    statements = [
-        (compile(ast.Module([stmt], []), "tests.py", "exec"), isinstance(stmt, ast.Assert))
-        for stmt in tree.body
-    ]
+    statements = [(ast.unparse(stmt), isinstance(stmt, ast.Assert)) for stmt in tree.body]
     as_module = {
         node.value.id
         for node in ast.walk(tree)
@@ -375,10 +378,10 @@ def compile_tests(source: str) -> bytes:
     return marshal.dumps((statements, sorted(as_module)))
 
 
-def run_judge(tests_fd: int, results_fd: int, req_fd: int, resp_fd: int, packages: list) -> None:
-    """Run the tests; write ``P``/``F`` per top-level assert (one for all if none), then ``E``."""
-    with os.fdopen(tests_fd, "rb") as f:
-        statements, as_module = marshal.loads(f.read())  # from the host, never the candidate
+def judge(judge_input: bytes, req_fd: int, resp_fd: int, packages: list[str]) -> list[bool]:
+    """Run the tests of :func:`compile_tests` against the candidate behind the channel; one
+    verdict per top-level assert (one for all statements when there is none)."""
+    statements, as_module = marshal.loads(judge_input)  # from the host, never the candidate
     link = _Link(req_fd, resp_fd)
     try:
         hello = wire.receive(resp_fd)
@@ -386,18 +389,22 @@ def run_judge(tests_fd: int, results_fd: int, req_fd: int, resp_fd: int, package
     except wire.LinkError:
         exports = None
     scope = _judge_scope(exports, link, packages, set(as_module))
-    has_asserts = any(is_assert for _, is_assert in statements)
-    all_ok = True
-    for code, is_assert in statements:
+    verdicts, all_ok = [], True
+    for source, is_assert in statements:
         try:
-            exec(code, scope)
+            exec(compile(source, "tests.py", "exec"), scope)
             ok = True
         except BaseException:  # noqa: BLE001 - a failed statement is a failed test
             ok = False
         all_ok = all_ok and ok
         if is_assert:
-            os.write(results_fd, b"P\n" if ok else b"F\n")
-    if not has_asserts:
-        os.write(results_fd, b"P\n" if all_ok else b"F\n")
-    os.write(results_fd, b"E\n")
+            verdicts.append(ok)
+    return verdicts if any(is_assert for _, is_assert in statements) else [all_ok]
+
+
+def run_judge(tests_fd: int, results_fd: int, req_fd: int, resp_fd: int, packages: list) -> None:
+    """The judge's process: ``P``/``F`` per verdict, then ``E``, to the host's descriptor."""
+    with os.fdopen(tests_fd, "rb") as f:
+        verdicts = judge(f.read(), req_fd, resp_fd, packages)
+    os.write(results_fd, b"".join(b"P\n" if ok else b"F\n" for ok in verdicts) + b"E\n")
     os._exit(0)

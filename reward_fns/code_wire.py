@@ -90,7 +90,7 @@ def encode(value: Any, make_ref) -> Any:
     for kind, tag in _TAGGED:
         if isinstance(value, kind):
             return {tag: [encode(v, make_ref) for v in kind.__iter__(value)]}
-    if isinstance(value, bytes | bytearray):
+    if isinstance(value, (bytes, bytearray)):
         return {"b": bytes(value).hex()}
     if isinstance(value, complex):
         return {"c": [value.real, value.imag]}

@@ -111,7 +111,7 @@ def _run(level, code, stdin_text, tests, limits: SandboxLimits, packages) -> Run
         spec["limits"] = _rlimits(limits)
         if level == "rlimits":
             spec.update(_host_work(files, uids))
-        judged = code_harness.compile_tests(tests) if tests is not None else None
+        judged = _judge_input(tests) if tests is not None else None
         spec["tests_fd"] = files.memfd("tests", judged) if judged is not None else None
         spec["results_fd"] = files.memfd("results", b"") if tests is not None else None
         cgroup = None
@@ -148,6 +148,9 @@ def _run(level, code, stdin_text, tests, limits: SandboxLimits, packages) -> Run
             stderr=_read(stderr, 1 << 16),
             oom_kills=cgroup.oom_kills() if cgroup is not None else 0,
         )
+
+
+_judge_input = lru_cache(maxsize=256)(code_harness.compile_tests)  # a group shares its tests
 
 
 class _Files:
@@ -206,12 +209,11 @@ def _rlimits(limits: SandboxLimits) -> dict[str, list[int]]:
 @lru_cache(maxsize=32)
 def _static_spec(level: str, packages: tuple[str, ...], workdir_mb: int) -> dict:
     """The part of sandbox_init's spec that is the same for every run of a configuration."""
-    if level == "rlimits":
-        stdlib = sandbox_root._interpreter_files()[2]
+    if level == "rlimits":  # the interpreter's own sys.path, plus the allowed packages' folders
         extra = [os.path.dirname(_package_dir(name)) for name in packages]
-        sys_path = [stdlib, os.path.join(stdlib, "lib-dynload"), *dict.fromkeys(extra)]
         return {"level": level, "packages": list(packages), "mounts": [], "staging": None,
-                "executable": sys.executable, "sys_path": sys_path}  # fmt: skip
+                "executable": _rlimits_python(), "sys_path": None,
+                "extra_path": list(dict.fromkeys(extra))}  # fmt: skip
     root = _root(packages, workdir_mb)
     env = {"PATH": _SAFE_PATH, "HOME": sandbox_root.WORK, "TMPDIR": sandbox_root.WORK}
     env.update(LANG="C.UTF-8", LD_LIBRARY_PATH=root.library_path)
@@ -222,6 +224,7 @@ def _static_spec(level: str, packages: tuple[str, ...], workdir_mb: int) -> dict
         "staging": sandbox_root.staging_dir(root) if level == "pivot_root" else None,
         "executable": root.python,
         "sys_path": list(root.sys_path),
+        "extra_path": [],
         "work": sandbox_root.WORK,
         "env": env,
     }
@@ -229,7 +232,7 @@ def _static_spec(level: str, packages: tuple[str, ...], workdir_mb: int) -> dict
 
 def _host_work(files: _Files, uids: tuple[int, int] | None) -> dict:
     """At level ``rlimits``: a fresh host folder as the work directory, removed afterwards."""
-    work = tempfile.mkdtemp(prefix="reward_fns-")
+    work = tempfile.mkdtemp(prefix=f"reward_fns-{os.getpid()}-")
     files.folders.append(work)
     if uids:
         os.chown(work, uids[0], uids[0])
@@ -250,10 +253,40 @@ def _root(packages: tuple[str, ...], workdir_mb: int) -> sandbox_root.Root:
     return sandbox_root.minimal_root(packages, workdir_mb << 20, _HERE)
 
 
+def _world_readable(folder: str) -> bool:
+    """Whether any uid can list ``folder`` and reach it (o+x on every folder on the way)."""
+    parts = os.path.realpath(folder).split(os.sep)
+    reachable = all(
+        os.stat(os.sep.join(parts[:i]) or os.sep).st_mode & 0o001 for i in range(2, len(parts))
+    )
+    return reachable and os.stat(folder).st_mode & 0o005 == 0o005
+
+
+@lru_cache(maxsize=1)
+def _rlimits_python() -> str:
+    """The interpreter at level ``rlimits``. As root the program runs under a throwaway uid,
+    which must read the stdlib: ours if it can, else the system python3 (3.10+), else none."""
+    ours = os.path.realpath(sys.executable)
+    if os.geteuid() != 0 or _world_readable(sandbox_root._interpreter_files()[2]):
+        return ours
+    system = shutil.which("python3", path=_SAFE_PATH)
+    if system:
+        code = "import os, sys; print(os.path.dirname(os.__file__)); print(sys.version_info >= (3, 10))"
+        out = subprocess.run([system, "-I", "-S", "-c", code], capture_output=True, text=True,
+                             timeout=30, check=False).stdout.split()  # fmt: skip
+        if out[-1:] == ["True"] and _world_readable(out[0]):
+            return os.path.realpath(system)
+    raise IsolationError(
+        f"level 'rlimits' as root needs a stdlib other uids can read; {ours}'s is not, and "
+        "there is no system python3 (3.10+) whose is"
+    )
+
+
 def _command(level: str, packages, limits: SandboxLimits, spec_fd: int) -> list[str]:
     if level != "bwrap":  # sandbox_init makes the namespaces itself at level pivot_root
         init = os.path.join(_HERE, "sandbox_init.py")
-        return [os.path.realpath(sys.executable), "-I", "-S", init, str(spec_fd)]
+        python = _rlimits_python() if level == "rlimits" else os.path.realpath(sys.executable)
+        return [python, "-I", "-S", init, str(spec_fd)]
     root = _root(packages, limits.workdir_mb)
     boot = [root.python, "-I", "-S", f"{sandbox_root.RUNTIME_DIR}/sandbox_init.py", str(spec_fd)]
     env = ["--setenv", "LD_LIBRARY_PATH", root.library_path]
@@ -360,7 +393,10 @@ def isolation_level(isolation: str = "auto") -> str:
 
 @lru_cache(maxsize=1)
 def _best_level() -> str:
-    level = next(lvl for lvl in LEVELS if not _why_not(lvl))
+    level = next((lvl for lvl in LEVELS if not _why_not(lvl)), None)
+    if level is None:
+        reasons = "; ".join(f"{lvl}: {_why_not(lvl)}" for lvl in LEVELS)
+        raise IsolationError(f"code_tests cannot run generated code here ({reasons})")
     cgroup = sandbox_cgroup.hierarchy()
     limits = cgroup.describe() if cgroup else "per-process rlimits only (no usable cgroup)"
     with _LOG_LOCK:
@@ -386,6 +422,10 @@ def _best_level() -> str:
 def _why_not(level: str) -> str:
     """Why ``level`` cannot run here ('' when it can): tools, then one real probe run."""
     if level == "rlimits":
+        try:
+            _rlimits_python()
+        except IsolationError as exc:
+            return str(exc)
         return ""
     if os.geteuid() != 0:
         return "not running as root"

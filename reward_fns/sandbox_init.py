@@ -182,14 +182,29 @@ def _load(directory: str, name: str):
     return module
 
 
+def _move_imports(old_stdlib: str, new_stdlib: str) -> None:
+    """Point the packages imported before ``pivot_root`` (``encodings``, ``json``, ``ctypes``...)
+    at the stdlib's place inside the root, or their submodules (``encodings.idna``) would be
+    searched for on the host's path, which is gone."""
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__path__", None)
+        if isinstance(path, list):
+            module.__path__ = [new_stdlib + p[len(old_stdlib) :] if p.startswith(old_stdlib) else p
+                               for p in path]  # fmt: skip
+
+
 def _enter(spec: dict) -> None:
     """Reach the run's root (or, at level ``rlimits``, its working directory)."""
     uid_c = spec["uids"][0] if spec["uids"] else None
     if spec["level"] == "pivot_root":
+        old_stdlib = os.path.dirname(os.__file__)
         build_root(spec["staging"], spec["mounts"], uid_c)
+        _move_imports(old_stdlib, spec["sys_path"][0])
     elif spec["level"] == "bwrap" and uid_c is not None:
         os.chown(spec["work"], uid_c, uid_c)
-    sys.path[:] = spec["sys_path"]
+    if spec["sys_path"] is not None:
+        sys.path[:] = spec["sys_path"]
+    sys.path += spec["extra_path"]
     sys.executable = spec["executable"]
     sys.argv = ["solution.py"]
     os.environ.clear()

@@ -79,26 +79,51 @@ def _inside(host_path: str, prefix: str, stdlib: str) -> str:
     return host_path
 
 
+def _ldd(binaries: list[str]) -> set[str]:
+    """The shared libraries (and the dynamic loader) that ``binaries`` load, by ``ldd``."""
+    found = set()
+    for start in range(0, len(binaries), 200):
+        out = subprocess.run(
+            ["ldd", *binaries[start : start + 200]],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        ).stdout
+        for line in out.splitlines():
+            path = line.split("=>")[-1].split("(")[0].strip()
+            if path.startswith("/") and os.path.exists(path):
+                found.add(path)
+    return found
+
+
 @lru_cache(maxsize=1)
 def shared_libraries() -> tuple[str, ...]:
-    """Every shared library (and the dynamic loader) the interpreter and its extensions load."""
+    """Every shared library the interpreter and its extension modules load."""
     python, _, stdlib = _interpreter_files()
     extensions = [
         path
         for path in glob.glob(os.path.join(stdlib, "lib-dynload", "*.so"))
         if not os.path.basename(path).startswith(_SKIP_EXTENSIONS)
     ]
-    out = subprocess.run(
-        ["ldd", python, *extensions], capture_output=True, text=True, timeout=60, check=False
-    ).stdout
-    found = set()
-    for line in out.splitlines():
-        path = line.split("=>")[-1].split("(")[0].strip()
-        if path.startswith("/") and os.path.exists(path):
-            found.add(path)
+    found = _ldd([python, *extensions])
     if not found:
         raise RuntimeError("ldd listed no shared libraries for the interpreter")
     return tuple(sorted(found))
+
+
+def _package_libraries(sources: list[str]) -> set[str]:
+    """System libraries that the allowed packages' extensions load (numpy: libstdc++...);
+    the packages' own bundled ones (``numpy.libs``) are reached through their bind."""
+    binaries = [
+        os.path.join(top, name)
+        for source in sources
+        for top, _, files in os.walk(source)
+        for name in files
+        if ".so" in name
+    ]
+    inside = tuple(source + os.sep for source in sources)
+    return {lib for lib in _ldd(binaries) if not lib.startswith(inside)} if binaries else set()
 
 
 def _package_mounts(packages: tuple[str, ...]) -> list[Mount]:
@@ -138,12 +163,14 @@ def minimal_root(packages: tuple[str, ...], work_bytes: int, runtime_dir: str) -
     """The root for one configuration (cached: ``ldd`` and the package look-up run once)."""
     python, prefix, stdlib = _interpreter_files()
     inner_stdlib = _inside(stdlib, prefix, stdlib)
+    package_mounts = _package_mounts(packages)
+    libraries = set(shared_libraries()) | _package_libraries([m.source for m in package_mounts])
     mounts = [Mount("ro", _inside(python, prefix, stdlib), python)]
-    mounts += [Mount("ro", _inside(lib, prefix, stdlib), lib) for lib in shared_libraries()]
+    mounts += [Mount("ro", _inside(lib, prefix, stdlib), lib) for lib in sorted(libraries)]
     mounts.append(Mount("ro", inner_stdlib, stdlib))
     if os.path.isdir(os.path.join(stdlib, "site-packages")):
         mounts.append(Mount("mask", f"{inner_stdlib}/site-packages"))
-    mounts += _package_mounts(packages)
+    mounts += package_mounts
     mounts += _runtime_mounts(runtime_dir)
     mounts += [Mount("dev", "/dev/null", "/dev/null"), Mount("dev", "/dev/urandom", "/dev/urandom")]
     mounts += [Mount("proc", "/proc"), Mount("work", WORK, size=work_bytes)]
@@ -157,9 +184,27 @@ def minimal_root(packages: tuple[str, ...], work_bytes: int, runtime_dir: str) -
     )
 
 
+def _parent_dirs(root: Root) -> list[str]:
+    """Every folder above a mount point that the root itself must hold, shallowest first."""
+    bound = [m.target for m in root.mounts if m.kind == "ro" and os.path.isdir(m.source)]
+    found = set()
+    for m in root.mounts:
+        parent = os.path.dirname(m.target)
+        while parent != "/" and not any(parent.startswith(b + "/") or parent == b for b in bound):
+            found.add(parent)
+            parent = os.path.dirname(parent)
+    return sorted(found, key=lambda d: (d.count("/"), d))
+
+
 def bwrap_args(root: Root) -> list[str]:
-    """The same tree as bubblewrap options (its ``--remount-ro /`` ends it)."""
+    """The same tree as bubblewrap options (its ``--remount-ro /`` ends it).
+
+    bubblewrap makes missing parent folders 0700, which the program's uid could not enter, so
+    each one is made first with ``--perms 0755 --dir``.
+    """
     args: list[str] = []
+    for folder in _parent_dirs(root):
+        args += ["--perms", "0755", "--dir", folder]
     for m in root.mounts:
         if m.kind == "ro":
             args += ["--ro-bind", m.source, m.target]
