@@ -9,6 +9,7 @@ import time
 import uuid
 
 import pytest
+from sandbox_checks import children_of, sandbox_processes
 
 import reward_fns
 from reward_fns import code as code_mod
@@ -25,34 +26,6 @@ def fence(src: str, lang: str = "python") -> str:
 def code_tests(completions, tests, **params):
     fn = reward_fns.get("code_tests", timeout_s=TIMEOUT_S, **params)
     return fn(prompts=["p"] * len(completions), completions=completions, tests=tests)
-
-
-def sandbox_processes() -> list[int]:
-    """Live processes under any throwaway sandbox uid (zombies are dead: init reaps them)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/status") as f:
-                status = f.read()
-            uid = int(status.split("Uid:")[1].split()[0])
-        except (OSError, IndexError, ValueError):
-            continue
-        if uid >= sandbox.UID_BASE and "State:\tZ" not in status:
-            found.append(int(entry))
-    return found
-
-
-def children_of(pid: int) -> set[int]:
-    kids = set()
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid:
-            kids.add(int(entry))
-    return kids
 
 
 @pytest.mark.parametrize(
@@ -146,6 +119,18 @@ def test_rlimits_fallback_also_contains(name):
     start = time.monotonic()
     assert code_tests([fence(HOSTILE[name])], [ADD_TESTS], isolation="rlimits") == [0.0]
     assert time.monotonic() - start < TIMEOUT_S + 2.0
+    assert sandbox_processes() == []
+    assert children_of(os.getpid()) <= before
+
+
+@pytest.mark.parametrize("level", ["bwrap", "pivot_root"])
+@pytest.mark.parametrize("name", ["fork_bomb", "kill_parent", "kill_everything", "escape_session"])
+def test_each_root_level_also_contains(name, level):
+    """``auto`` takes one level; the process attacks also at the other (PID 1 differs)."""
+    if sandbox._why_not(level):
+        pytest.skip(f"{level}: {sandbox._why_not(level)}")
+    before = children_of(os.getpid())
+    assert code_tests([fence(HOSTILE[name])], [ADD_TESTS], isolation=level) == [0.0]
     assert sandbox_processes() == []
     assert children_of(os.getpid()) <= before
 
