@@ -6,7 +6,7 @@ unclosed final fence counts). The ``tests`` column is stdin/stdout cases (``[{"i
 Python statements run after the code, each ``assert`` being one test. The score is the fraction
 of tests passed; a run that times out passes none of its tests, nor does a stdin/stdout case
 whose program crashes (exit code not 0); with asserts, a judge outside the program's process
-decides each one (``reward_fns.code_harness``), so the asserts decided before a crash keep their
+decides each one (``reward_fns._code_harness``), so the asserts decided before a crash keep their
 verdicts; ``tests`` that cannot be read score ``None``. Outputs are compared on **all** lines (trailing spaces and
 blank lines ignored), not ``zip``-ed over a prefix as in open-r1's checker. Runs go through a
 thread pool of ``2 * os.cpu_count()`` workers (sandbox start-up is partly latency, so 2x

@@ -7,7 +7,7 @@ Isolation levels (``isolation=``; the active one is logged once per process):
   ``/dev/null``, ``/dev/urandom``, private ``/proc``; no home, checkout, host ``/tmp``,
   site-packages beyond an allow-list, or ``/etc``) in new mount, PID, network, IPC and UTS
   namespaces. Needs root.
-- ``pivot_root``: the same root and namespaces, made by :mod:`reward_fns.sandbox_init` itself
+- ``pivot_root``: the same root and namespaces, made by :mod:`reward_fns._sandbox_init` itself
   (``unshare(2)``, mounts, ``pivot_root(2)``). Needs root.
 - ``rlimits``: no root and no namespaces (logged as a warning): the host's files are readable
   and the work directory is a host temporary folder.
@@ -20,7 +20,7 @@ Always: wall-clock timeout and ``RLIMIT_CPU``; ``RLIMIT_AS``, ``RLIMIT_NPROC``, 
 ``RLIMIT_NOFILE`` per process; no core dumps; an environment with ``PATH`` and little else; the
 program's stdin, stdout and stderr and the judge's verdicts in memfds (nothing lands on the
 host's ``/tmp``); as root, two throwaway uids, one for the program and one for the judge
-(:mod:`reward_fns.code_harness`), so the program can neither signal, trace nor read the judge.
+(:mod:`reward_fns._code_harness`), so the program can neither signal, trace nor read the judge.
 
 Not defended: CPU contention during the timeout. At ``rlimits`` also the host filesystem (read),
 disk use beyond the per-file cap, and, as a non-root user, the user's other processes (signals)
@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from functools import cache, lru_cache
 
-from reward_fns import code_harness, sandbox_cgroup, sandbox_root
+from reward_fns import _code_harness, sandbox_cgroup, sandbox_root
 
 logger = logging.getLogger("reward_fns.code")
 
@@ -116,7 +116,7 @@ def _run(level, code, stdin_text, tests, limits: SandboxLimits, packages) -> Run
         spec["results_fd"] = files.memfd("results", b"") if tests is not None else None
         cgroup = None
         if cgroup_setup is not None:
-            tasks = limits.max_processes + 3  # + the outside waiter, sandbox_init, the judge
+            tasks = limits.max_processes + 3  # + the outside waiter, _sandbox_init, the judge
             cgroup = files.cgroup = sandbox_cgroup.RunCgroup(
                 cgroup_setup, limits.memory_mb << 20, tasks
             )
@@ -150,7 +150,7 @@ def _run(level, code, stdin_text, tests, limits: SandboxLimits, packages) -> Run
         )
 
 
-_judge_input = lru_cache(maxsize=256)(code_harness.compile_tests)  # a group shares its tests
+_judge_input = lru_cache(maxsize=256)(_code_harness.compile_tests)  # a group shares its tests
 
 
 class _Files:
@@ -208,7 +208,7 @@ def _rlimits(limits: SandboxLimits) -> dict[str, list[int]]:
 
 @lru_cache(maxsize=32)
 def _static_spec(level: str, packages: tuple[str, ...], workdir_mb: int) -> dict:
-    """The part of sandbox_init's spec that is the same for every run of a configuration."""
+    """The part of _sandbox_init's spec that is the same for every run of a configuration."""
     if level == "rlimits":  # the interpreter's own sys.path, plus the allowed packages' folders
         extra = [os.path.dirname(_package_dir(name)) for name in packages]
         return {"level": level, "packages": list(packages), "mounts": [], "staging": None,
@@ -283,12 +283,12 @@ def _rlimits_python() -> str:
 
 
 def _command(level: str, packages, limits: SandboxLimits, spec_fd: int) -> list[str]:
-    if level != "bwrap":  # sandbox_init makes the namespaces itself at level pivot_root
-        init = os.path.join(_HERE, "sandbox_init.py")
+    if level != "bwrap":  # _sandbox_init makes the namespaces itself at level pivot_root
+        init = os.path.join(_HERE, "_sandbox_init.py")
         python = _rlimits_python() if level == "rlimits" else os.path.realpath(sys.executable)
         return [python, "-I", "-S", init, str(spec_fd)]
     root = _root(packages, limits.workdir_mb)
-    boot = [root.python, "-I", "-S", f"{sandbox_root.RUNTIME_DIR}/sandbox_init.py", str(spec_fd)]
+    boot = [root.python, "-I", "-S", f"{sandbox_root.RUNTIME_DIR}/_sandbox_init.py", str(spec_fd)]
     env = ["--setenv", "LD_LIBRARY_PATH", root.library_path]
     return ["bwrap", *sandbox_root.bwrap_args(root), *_BWRAP, *env, *boot]
 

@@ -7,7 +7,7 @@ The tree, whatever the host's layout::
     /usr/local/lib/python3.X              the standard library     } /root), so no home shows
     /usr/local/lib/python3.X/site-packages   an empty read-only tmpfs over the host's
     /usr/local/lib/sandbox-packages/NAME  allow-listed packages only (none by default)
-    /usr/local/lib/sandbox-runtime/       sandbox_init.py, code_wire.py, code_harness.py
+    /usr/local/lib/sandbox-runtime/       _sandbox_init.py, _code_wire.py, _code_harness.py
     /lib/..., /lib64/...                  each shared library the interpreter and its extension
                                           modules load (``ldd``), bound file by file
     /dev/null, /dev/urandom, /proc (new PID namespace), /work (tmpfs, size cap)
@@ -33,7 +33,7 @@ PREFIX = "/usr/local"
 WORK = "/work"
 PACKAGES_DIR = f"{PREFIX}/lib/sandbox-packages"
 RUNTIME_DIR = f"{PREFIX}/lib/sandbox-runtime"
-RUNTIME_FILES = ("sandbox_init.py", "code_wire.py", "code_harness.py")
+RUNTIME_FILES = ("_sandbox_init.py", "_code_wire.py", "_code_harness.py")
 TOP_LEVEL = frozenset({"dev", "lib", "lib64", "proc", "usr", "work"})  # what `ls /` shows
 _SKIP_EXTENSIONS = ("_tkinter",)  # Tk and X11 libraries, useless without a display
 

@@ -1,10 +1,10 @@
 """The sandbox's first process: builds the minimal root, drops privileges, runs the program.
 
-Started by ``reward_fns.sandbox`` as ``python -I -S sandbox_init.py SPEC_FD``, where ``SPEC_FD``
+Started by ``reward_fns.sandbox`` as ``python -I -S _sandbox_init.py SPEC_FD``, where ``SPEC_FD``
 holds the spec (``marshal``: written by the host, and a builtin, where ``json`` would cost ~11 ms
 of imports). It is the one trusted process inside the sandbox and uses only the standard
 library: ``-I`` keeps this folder off ``sys.path`` (``reward_fns/code.py`` and ``math.py`` would
-shadow the stdlib), so :mod:`reward_fns.code_wire` and :mod:`reward_fns.code_harness` are loaded
+shadow the stdlib), so :mod:`reward_fns._code_wire` and :mod:`reward_fns._code_harness` are loaded
 by their file paths, before the host filesystem disappears.
 
 Unlike the usual sandbox, which ``exec``s a fresh interpreter for the untrusted code, the
@@ -158,7 +158,7 @@ def _fork(spec: dict, uid: int | None, keep_fds: set[int], body) -> int:
         drop_privileges(spec, uid, keep_fds)
         body()
     except BaseException as exc:  # noqa: BLE001 - a child must never return into this code
-        os.write(2, f"sandbox_init: {exc!r}\n".encode())
+        os.write(2, f"_sandbox_init: {exc!r}\n".encode())
     os._exit(status)
 
 
@@ -218,8 +218,8 @@ def main(spec_fd: int) -> int:
     if spec["level"] == "pivot_root":
         enter_namespaces()
     here = os.path.dirname(os.path.abspath(__file__))
-    _load(here, "code_wire")
-    harness = _load(here, "code_harness")
+    _load(here, "_code_wire")
+    harness = _load(here, "_code_harness")
     if spec["tests_fd"] is not None:
         import json  # noqa: F401 - both children need it: import once, before the forks
     _enter(spec)

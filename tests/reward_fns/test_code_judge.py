@@ -14,7 +14,7 @@ import pytest
 import sandbox_checks
 
 import reward_fns
-from reward_fns import code_harness, code_wire, sandbox
+from reward_fns import _code_harness, _code_wire, sandbox
 
 ADD_TESTS = "assert add(1, 2) == 3\nassert add(-1, 1) == 0\nassert add(2, 2) == 4"
 
@@ -35,10 +35,10 @@ def judge_in_process(candidate: str, tests: str) -> list[bool]:
     exec(candidate, namespace)
     req_r, req_w = os.pipe()
     resp_r, resp_w = os.pipe()
-    server = threading.Thread(target=code_harness.serve, args=(namespace, req_r, resp_w))
+    server = threading.Thread(target=_code_harness.serve, args=(namespace, req_r, resp_w))
     server.start()
     try:
-        return code_harness.judge(code_harness.compile_tests(tests), req_w, resp_r, [])
+        return _code_harness.judge(_code_harness.compile_tests(tests), req_w, resp_r, [])
     finally:
         os.close(req_w)  # the server sees EOF and returns
         server.join(timeout=10)
@@ -61,7 +61,7 @@ VALUES = [
 
 @pytest.mark.parametrize("value", VALUES, ids=repr)
 def test_values_cross_as_data_with_their_types(value):
-    back = code_wire.decode(code_wire.encode(value, make_ref=id), resolve_ref=None)
+    back = _code_wire.decode(_code_wire.encode(value, make_ref=id), resolve_ref=None)
 
     def shape(v):
         if isinstance(v, list | tuple | set | frozenset):
@@ -71,7 +71,7 @@ def test_values_cross_as_data_with_their_types(value):
         return (type(v), v)
 
     assert shape(back) == shape(value)
-    assert math.isnan(code_wire.decode(code_wire.encode(float("nan"), id), None))
+    assert math.isnan(_code_wire.decode(_code_wire.encode(float("nan"), id), None))
 
 
 @pytest.mark.parametrize(
@@ -79,12 +79,12 @@ def test_values_cross_as_data_with_their_types(value):
     [{"t": [1], "s": [2]}, {"x": 1}, {"d": [[[1], 2]]}, {"r": "1"}, {"c": ["a", 1]}, {"i": 5}],
 )
 def test_decode_accepts_only_tagged_data(node):
-    with pytest.raises((code_wire.LinkError, TypeError, ValueError)):
-        code_wire.decode(node, resolve_ref=lambda ref: ref)
+    with pytest.raises((_code_wire.LinkError, TypeError, ValueError)):
+        _code_wire.decode(node, resolve_ref=lambda ref: ref)
 
 
 def test_a_handle_refuses_every_question_that_carries_the_expected_value():
-    handle = code_harness.Remote(link=None, ref=0)
+    handle = _code_harness.Remote(link=None, ref=0)
     for question in (
         lambda: handle == 3,
         lambda: handle != 3,

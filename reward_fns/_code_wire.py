@@ -1,6 +1,6 @@
 """The candidate-judge channel of ``code_tests``: length-prefixed JSON frames, values as data.
 
-Loaded inside the sandbox by ``reward_fns.sandbox_init`` (standard library only). A value crosses
+Loaded inside the sandbox by ``reward_fns._sandbox_init`` (standard library only). A value crosses
 as a JSON tree whose objects are one-key tags: ``{"t": [...]}`` tuple, ``{"d": [[k, v], ...]}``
 dict, ``{"s": ...}`` set, ``{"f": ...}`` frozenset, ``{"b": hex}`` bytes, ``{"c": [re, im]}``
 complex, ``{"i": hex}`` an int beyond 64 bits, ``{"r": n}`` a handle on an object that stays in
@@ -27,7 +27,7 @@ class LinkError(Exception):
 
 def _json():
     """``json`` costs ~11 ms to import (it pulls in ``re``): only assert runs pay, once, in
-    ``sandbox_init`` before the fork."""
+    ``_sandbox_init`` before the fork."""
     import json
 
     return json

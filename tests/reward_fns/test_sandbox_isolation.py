@@ -14,12 +14,13 @@ import uuid
 
 import pytest
 import sandbox_checks
+from conftest import REPO_ROOT
 
 import reward_fns
 from reward_fns import code as code_mod
 from reward_fns import sandbox, sandbox_cgroup, sandbox_root
 
-CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHECKOUT = str(REPO_ROOT)
 ROOT_LEVELS = ["bwrap", "pivot_root"]
 
 

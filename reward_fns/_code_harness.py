@@ -1,6 +1,6 @@
 """Inside the sandbox: run the candidate's program, and judge assert-style tests it cannot reach.
 
-Loaded by ``reward_fns.sandbox_init`` (standard library only). Two roles, two processes:
+Loaded by ``reward_fns._sandbox_init`` (standard library only). Two roles, two processes:
 
 - **candidate** (:func:`run_candidate`, uid A): runs the code as ``__main__``. For stdin/stdout
   cases that is all; the host compares the output. For asserts it then answers requests.
@@ -42,10 +42,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs ~25 ms of imports (re, enum...) in every sandboxed run
     from typing import Any
 
-if __name__ == "code_harness":  # loaded from its file by sandbox_init, which loaded code_wire
-    import code_wire as wire
+if __name__ == "_code_harness":  # loaded from its file by _sandbox_init, which loaded _code_wire
+    import _code_wire as wire
 else:
-    from reward_fns import code_wire as wire
+    from reward_fns import _code_wire as wire
 
 _MAX_EXPORT = 1 << 16
 _BUILTIN_NAMES = frozenset(dir(builtins))
