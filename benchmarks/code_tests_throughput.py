@@ -2,6 +2,7 @@
 
     flock /tmp/grpo-heavy.lock .venv/bin/python benchmarks/code_tests_throughput.py
     .venv/bin/python benchmarks/code_tests_throughput.py --before main --rounds 3 --n 256
+    .venv/bin/python benchmarks/code_tests_throughput.py --isolation pivot_root  # "after" only
 
 The "before" package is ``git archive REF reward_fns``, unpacked into a temporary folder; the
 "after" one is this checkout's. Each measurement is a fresh subprocess that imports one of them
@@ -28,8 +29,8 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = r"""
 import json, sys, time
 import reward_fns
-fn = reward_fns.get("code_tests", timeout_s=5.0)
-n, kind = int(sys.argv[1]), sys.argv[2]
+n, kind, params = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
+fn = reward_fns.get("code_tests", timeout_s=5.0, **params)
 if kind == "asserts":
     tests = ["assert add(1, 2) == 3\nassert add(-1, 1) == 0\nassert add(2, 2) == 4"] * n
     codes = [f"```python\ndef add(a, b):\n    return a + b + {i % 2}\n```" for i in range(n)]
@@ -58,10 +59,10 @@ def unpack_before(ref: str, into: str) -> str:
     return into
 
 
-def measure(path_first: str, n: int, kind: str) -> dict:
+def measure(path_first: str, n: int, kind: str, params: dict) -> dict:
     env = dict(os.environ, PYTHONPATH=path_first)
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(n), kind],
+        [sys.executable, "-c", CHILD, str(n), kind, json.dumps(params)],
         capture_output=True,
         text=True,
         env=env,
@@ -77,6 +78,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--n", type=int, default=256)
     parser.add_argument("--kinds", default="asserts,stdio")
+    parser.add_argument("--isolation", default="auto", help="code_tests isolation, after only")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="code_tests_bench-") as tmp:
         before = unpack_before(args.before, tmp)
@@ -85,7 +87,8 @@ def main() -> None:
             for r in range(args.rounds):
                 order = [("before", before), ("after", HERE)]
                 for side, path in order if r % 2 == 0 else order[::-1]:
-                    result = measure(path, args.n, kind)
+                    params = {"isolation": args.isolation} if side == "after" else {}
+                    result = measure(path, args.n, kind, params)
                     assert result["where"].startswith(path), result
                     rates[side].append(result["per_s"])
                     print(f"{kind} round {r + 1} {side:6s} {result['per_s']:6.1f}/s", flush=True)
@@ -93,7 +96,8 @@ def main() -> None:
             print(
                 f"{kind}: before {statistics.median(rates['before']):.1f}/s, after "
                 f"{statistics.median(rates['after']):.1f}/s, after/before median "
-                f"{statistics.median(ratios):.2f} over {args.rounds} rounds (n={args.n})"
+                f"{statistics.median(ratios):.2f} over {args.rounds} rounds (n={args.n}, "
+                f"after: isolation={args.isolation})"
             )
 
 

@@ -69,7 +69,7 @@ def _run_as_main(code: str) -> tuple[dict, int]:
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else (exc.code is not None)
         if exc.code is not None and not isinstance(exc.code, int):
-            print(exc.code, file=sys.stderr)
+            sys.stderr.write(f"{exc.code}\n")  # what the interpreter prints for sys.exit("...")
     except BaseException:  # noqa: BLE001 - report it as the interpreter would
         sys.excepthook(*sys.exc_info())
         status = 1

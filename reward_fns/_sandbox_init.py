@@ -136,16 +136,21 @@ def _close_fds_except(keep: set[int]) -> None:
         previous = fd
 
 
-def drop_privileges(spec: dict, uid: int | None, keep_fds: set[int]) -> None:
-    """Everything a run's process gives up before untrusted code or data reaches it."""
-    _close_fds_except(keep_fds)
-    for name, value in spec["limits"].items():
-        resource.setrlimit(getattr(resource, name), tuple(value))
+def _become(uid: int | None) -> None:
+    """Switch to ``uid`` for good (no groups, no capabilities left), and never regain any."""
     if uid is not None:
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
     _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+
+
+def drop_privileges(spec: dict, uid: int | None, keep_fds: set[int]) -> None:
+    """Everything a run's process gives up before untrusted code or data reaches it."""
+    _close_fds_except(keep_fds)
+    for name, value in spec["limits"].items():
+        resource.setrlimit(getattr(resource, name), tuple(value))
+    _become(uid)
 
 
 def _fork(spec: dict, uid: int | None, keep_fds: set[int], body) -> int:
@@ -214,6 +219,7 @@ def _enter(spec: dict) -> None:
 def main(spec_fd: int) -> int:
     with os.fdopen(spec_fd, "rb") as f:
         spec = marshal.loads(f.read())
+    os.umask(0o022)  # the trainer's umask must not make the root unreadable to the program
     join_cgroups(spec["cgroup_procs"])
     if spec["level"] == "pivot_root":
         enter_namespaces()
@@ -235,6 +241,7 @@ def main(spec_fd: int) -> int:
 
     if spec["tests_fd"] is None:  # stdin/stdout case: the host compares the output
         child = _fork(spec, uid_c, set(), candidate())
+        _become(uid_j)
         return _wait_for(child)
     req_r, req_w = os.pipe()
     resp_r, resp_w = os.pipe()
@@ -242,14 +249,14 @@ def main(spec_fd: int) -> int:
     _fork(spec, uid_c, {req_r, resp_w}, candidate(req_r, resp_w))
 
     def judge():
-        _libc.prctl(
-            PR_SET_DUMPABLE, 0, 0, 0, 0
-        )  # no ptrace, no /proc/PID/{mem,fd}, same uid or not
+        # Not dumpable: no ptrace and no /proc/PID/{mem,fd} for anyone without privilege.
+        _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
         harness.run_judge(spec["tests_fd"], spec["results_fd"], req_w, resp_r, spec["packages"])
 
     child = _fork(spec, uid_j, judged, judge)
     for fd in (req_r, req_w, resp_r, resp_w, spec["tests_fd"], spec["results_fd"]):
         os.close(fd)
+    _become(uid_j)  # the supervisor only waits from here: it keeps no privilege
     return _wait_for(child)  # then PID 1 exits and the kernel kills the rest of the namespace
 
 

@@ -39,30 +39,21 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import cache, lru_cache
 
-from reward_fns import _code_harness, sandbox_cgroup, sandbox_root
+from reward_fns import _code_harness, sandbox_cgroup, sandbox_launch
+from reward_fns.sandbox_launch import IsolationError
 
 logger = logging.getLogger("reward_fns.code")
 
 UID_BASE = 0x3000_0000  # throwaway uids: UID_BASE + random, never a real account
 LEVELS = ("bwrap", "pivot_root", "rlimits")
 ISOLATIONS = ("auto", "strict", *LEVELS)
-_SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_BWRAP = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--die-with-parent"]
-_BWRAP += ["--as-pid-1", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
-_BWRAP += ["--cap-add", "CAP_CHOWN", "--chdir", "/"]
-
-
-class IsolationError(RuntimeError):
-    """The requested isolation cannot be built on this machine."""
 
 
 @dataclass(frozen=True)
@@ -107,10 +98,12 @@ def _run(level, code, stdin_text, tests, limits: SandboxLimits, packages) -> Run
     cgroup_setup = sandbox_cgroup.hierarchy()
     with _Files() as files:
         uids = _throwaway_uids()
-        spec = {**_static_spec(level, packages, limits.workdir_mb), "code": code, "uids": uids}
+        spec = {**sandbox_launch.static_spec(level, packages, limits.workdir_mb)}
+        spec.update(code=code, uids=uids)
         spec["limits"] = _rlimits(limits)
         if level == "rlimits":
-            spec.update(_host_work(files, uids))
+            spec.update(sandbox_launch.host_work(uids))
+            files.folders.append(spec["work"])
         judged = _judge_input(tests) if tests is not None else None
         spec["tests_fd"] = files.memfd("tests", judged) if judged is not None else None
         spec["results_fd"] = files.memfd("results", b"") if tests is not None else None
@@ -122,7 +115,7 @@ def _run(level, code, stdin_text, tests, limits: SandboxLimits, packages) -> Run
             )
         spec["cgroup_procs"] = cgroup.procs_files() if cgroup and level != "bwrap" else []
         spec_fd = files.memfd("spec", marshal.dumps(spec))
-        argv = _command(level, packages, limits, spec_fd)
+        argv = sandbox_launch.command(level, packages, limits.workdir_mb, spec_fd)
         if cgroup is not None and level == "bwrap":
             argv = cgroup.wrap(argv)
         stdout, stderr = files.memfd("stdout", b""), files.memfd("stderr", b"")
@@ -132,7 +125,7 @@ def _run(level, code, stdin_text, tests, limits: SandboxLimits, packages) -> Run
             stdin=stdin if stdin is not None else subprocess.DEVNULL,
             stdout=stdout,
             stderr=stderr,
-            env={"PATH": _SAFE_PATH},
+            env={"PATH": sandbox_launch.SAFE_PATH},
             cwd="/",
             start_new_session=True,
             pass_fds=tuple(fd for fd in (spec_fd, spec["tests_fd"], spec["results_fd"]) if fd),
@@ -204,93 +197,6 @@ def _rlimits(limits: SandboxLimits) -> dict[str, list[int]]:
         "RLIMIT_CORE": [0, 0],
         "RLIMIT_NOFILE": [limits.max_open_files, limits.max_open_files],
     }
-
-
-@lru_cache(maxsize=32)
-def _static_spec(level: str, packages: tuple[str, ...], workdir_mb: int) -> dict:
-    """The part of _sandbox_init's spec that is the same for every run of a configuration."""
-    if level == "rlimits":  # the interpreter's own sys.path, plus the allowed packages' folders
-        extra = [os.path.dirname(_package_dir(name)) for name in packages]
-        return {"level": level, "packages": list(packages), "mounts": [], "staging": None,
-                "executable": _rlimits_python(), "sys_path": None,
-                "extra_path": list(dict.fromkeys(extra))}  # fmt: skip
-    root = _root(packages, workdir_mb)
-    env = {"PATH": _SAFE_PATH, "HOME": sandbox_root.WORK, "TMPDIR": sandbox_root.WORK}
-    env.update(LANG="C.UTF-8", LD_LIBRARY_PATH=root.library_path)
-    return {
-        "level": level,
-        "packages": list(packages),
-        "mounts": [asdict(m) for m in root.mounts],
-        "staging": sandbox_root.staging_dir(root) if level == "pivot_root" else None,
-        "executable": root.python,
-        "sys_path": list(root.sys_path),
-        "extra_path": [],
-        "work": sandbox_root.WORK,
-        "env": env,
-    }
-
-
-def _host_work(files: _Files, uids: tuple[int, int] | None) -> dict:
-    """At level ``rlimits``: a fresh host folder as the work directory, removed afterwards."""
-    work = tempfile.mkdtemp(prefix=f"reward_fns-{os.getpid()}-")
-    files.folders.append(work)
-    if uids:
-        os.chown(work, uids[0], uids[0])
-    env = {"PATH": _SAFE_PATH, "HOME": work, "TMPDIR": work, "LANG": "C.UTF-8"}
-    return {"work": work, "env": env}
-
-
-def _package_dir(name: str) -> str:
-    import importlib.util
-
-    spec = importlib.util.find_spec(name)
-    if spec is None or spec.origin is None:
-        raise ValueError(f"allowed package {name!r} is not installed here")
-    return os.path.dirname(spec.origin) if spec.submodule_search_locations else spec.origin
-
-
-def _root(packages: tuple[str, ...], workdir_mb: int) -> sandbox_root.Root:
-    return sandbox_root.minimal_root(packages, workdir_mb << 20, _HERE)
-
-
-def _world_readable(folder: str) -> bool:
-    """Whether any uid can list ``folder`` and reach it (o+x on every folder on the way)."""
-    parts = os.path.realpath(folder).split(os.sep)
-    reachable = all(
-        os.stat(os.sep.join(parts[:i]) or os.sep).st_mode & 0o001 for i in range(2, len(parts))
-    )
-    return reachable and os.stat(folder).st_mode & 0o005 == 0o005
-
-
-@lru_cache(maxsize=1)
-def _rlimits_python() -> str:
-    """The interpreter at level ``rlimits``. As root the program runs under a throwaway uid,
-    which must read the stdlib: ours if it can, else the system python3 (3.10+), else none."""
-    ours = os.path.realpath(sys.executable)
-    if os.geteuid() != 0 or _world_readable(sandbox_root._interpreter_files()[2]):
-        return ours
-    system = shutil.which("python3", path=_SAFE_PATH)
-    if system:
-        code = "import os, sys; print(os.path.dirname(os.__file__)); print(sys.version_info >= (3, 10))"
-        out = subprocess.run([system, "-I", "-S", "-c", code], capture_output=True, text=True,
-                             timeout=30, check=False).stdout.split()  # fmt: skip
-        if out[-1:] == ["True"] and _world_readable(out[0]):
-            return os.path.realpath(system)
-    raise IsolationError(
-        f"level 'rlimits' as root needs a stdlib other uids can read; {ours}'s is not, and "
-        "there is no system python3 (3.10+) whose is"
-    )
-
-
-def _command(level: str, packages, limits: SandboxLimits, spec_fd: int) -> list[str]:
-    if level != "bwrap":  # _sandbox_init makes the namespaces itself at level pivot_root
-        init = os.path.join(_HERE, "_sandbox_init.py")
-        python = _rlimits_python() if level == "rlimits" else os.path.realpath(sys.executable)
-        return [python, "-I", "-S", init, str(spec_fd)]
-    root = _root(packages, limits.workdir_mb)
-    boot = [root.python, "-I", "-S", f"{sandbox_root.RUNTIME_DIR}/_sandbox_init.py", str(spec_fd)]
-    env = ["--setenv", "LD_LIBRARY_PATH", root.library_path]
-    return ["bwrap", *sandbox_root.bwrap_args(root), *_BWRAP, *env, *boot]
 
 
 def _verdicts(results: str) -> list[bool] | None:
@@ -403,7 +309,7 @@ def _best_level() -> str:
         if level == "rlimits":
             logger.warning(
                 "code_tests sandbox: isolation=rlimits - NO minimal root, NO network isolation "
-                "(bwrap: %s; pivot_root: %s); limits: %s",
+                "(bwrap: %s; pivot_root: %s), limits=%s",
                 _why_not("bwrap"),
                 _why_not("pivot_root"),
                 limits,
@@ -411,7 +317,7 @@ def _best_level() -> str:
         else:
             logger.info(
                 "code_tests sandbox: isolation=%s (minimal root: interpreter + stdlib read-only, "
-                "tmpfs /work, private /proc, no network); limits: %s",
+                "tmpfs /work, private /proc, no network), limits=%s",
                 level,
                 limits,
             )
@@ -423,13 +329,13 @@ def _why_not(level: str) -> str:
     """Why ``level`` cannot run here ('' when it can): tools, then one real probe run."""
     if level == "rlimits":
         try:
-            _rlimits_python()
+            sandbox_launch.rlimits_python()
         except IsolationError as exc:
             return str(exc)
         return ""
     if os.geteuid() != 0:
         return "not running as root"
-    if level == "bwrap" and not shutil.which("bwrap", path=_SAFE_PATH):
+    if level == "bwrap" and not shutil.which("bwrap", path=sandbox_launch.SAFE_PATH):
         return "bwrap is not installed"
     try:
         code = "import os\nprint(sorted(os.listdir('/')))"
