@@ -332,6 +332,19 @@ def _import_allowed(name: Any, packages: list[str]) -> Any:
         return None
 
 
+def _stdlib_object(where: list, packages: list[str]) -> Any:
+    """The judge's own copy of a public stdlib object the code says it bound (``from math import
+    isclose``): never from ``builtins``, never a private name such as ``os._exit``."""
+    module, qualname = ([str(part) for part in where] + ["", ""])[:2]
+    parts = qualname.split(".")
+    if module == "builtins" or not qualname or any(p.startswith("_") for p in parts):
+        return None
+    value = _import_allowed(module, packages)
+    for part in parts if value is not None else []:
+        value = getattr(value, part, None)
+    return value
+
+
 def _judge_scope(exports: Any, link: _Link, packages: list[str], as_module: set[str]) -> dict:
     """The tests' globals: the code's names as the judge's own stdlib objects, data, or handles.
 
@@ -347,10 +360,7 @@ def _judge_scope(exports: Any, link: _Link, packages: list[str], as_module: set[
         elif type(node) is dict and set(node) == {"m"}:
             value = _import_allowed(node["m"], packages)
         elif type(node) is dict and set(node) == {"g"} and type(node["g"]) is list:
-            module, qualname = (node["g"] + ["", ""])[:2]
-            value = _import_allowed(module, packages)
-            for part in str(qualname).split(".") if value is not None else []:
-                value = None if part.startswith("__") else getattr(value, part, None)
+            value = _stdlib_object(node["g"], packages)
         else:
             try:
                 value = wire.decode(node, link.remote)

@@ -2,7 +2,7 @@
 
 Started by ``reward_fns.sandbox`` as ``python -I -S _sandbox_init.py SPEC_FD``, where ``SPEC_FD``
 holds the spec (``marshal``: written by the host, and a builtin, where ``json`` would cost ~11 ms
-of imports). It is the one trusted process inside the sandbox and uses only the standard
+of imports; every millisecond here is paid by every run). It is the one trusted process inside the sandbox and uses only the standard
 library: ``-I`` keeps this folder off ``sys.path`` (``reward_fns/code.py`` and ``math.py`` would
 shadow the stdlib), so :mod:`reward_fns._code_wire` and :mod:`reward_fns._code_harness` are loaded
 by their file paths, before the host filesystem disappears.
@@ -226,8 +226,6 @@ def main(spec_fd: int) -> int:
     here = os.path.dirname(os.path.abspath(__file__))
     _load(here, "_code_wire")
     harness = _load(here, "_code_harness")
-    if spec["tests_fd"] is not None:
-        import json  # noqa: F401 - both children need it: import once, before the forks
     _enter(spec)
     uid_c, uid_j = spec["uids"] or (None, None)
     work = spec["work"]

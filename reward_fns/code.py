@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reward_fns.registry import column, completion_text, register
-from reward_fns.sandbox import SandboxLimits, isolation_level, run_python
+from reward_fns.sandbox import SandboxLimits, prepare, run_python
 
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
 _OPEN_FENCE = re.compile(r"```[^\n`]*\n")
@@ -144,11 +144,11 @@ def code_tests(
     if "sandbox" in columns:  # renamed: **columns would otherwise swallow it silently
         raise TypeError("code_tests: `sandbox=` is now `isolation=` ('namespaces' -> 'strict')")
     packages = (packages,) if isinstance(packages, str) else tuple(packages)
-    isolation_level(isolation)  # raises here, once, if the machine cannot provide it
+    limits = SandboxLimits(timeout_s, memory_mb, max_processes, max_output_bytes, workdir_mb)
+    prepare(isolation, packages, limits)  # raises here, once, if the machine cannot provide it
     texts = [completion_text(c) for c in completions]
     tests = column(columns, "tests", len(texts), "code_tests")
     jobs = [(extract_code(t), parse_tests(x)) for t, x in zip(texts, tests)]
-    limits = SandboxLimits(timeout_s, memory_mb, max_processes, max_output_bytes, workdir_mb)
     box = _Sandbox(limits, isolation, packages)
     return score_code(jobs, box, workers or 2 * (os.cpu_count() or 1))
 

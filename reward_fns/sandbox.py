@@ -278,6 +278,15 @@ def _reap(proc, cgroup: sandbox_cgroup.RunCgroup | None, uids) -> None:
 _LOG_LOCK = threading.Lock()
 
 
+def prepare(isolation: str, packages: Sequence[str], limits: SandboxLimits) -> str:
+    """Resolve the level and build what every run of this configuration shares (the root's
+    mount list, ``ldd`` of the allowed packages) once, here, so that errors such as an unknown
+    package surface in the caller instead of in each worker thread."""
+    level = isolation_level(isolation)
+    sandbox_launch.static_spec(level, tuple(packages), limits.workdir_mb)
+    return level
+
+
 def isolation_level(isolation: str = "auto") -> str:
     """The level a run with ``isolation`` gets here; raises :class:`IsolationError` if none."""
     if isolation not in ISOLATIONS:

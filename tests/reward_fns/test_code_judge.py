@@ -160,6 +160,30 @@ def test_humaneval_style_check_function_is_one_test():
     assert judge_in_process("def add(a, b): return 3", tests) == [False]
 
 
+def judge_with_exports(exports: dict, tests: str) -> list[bool]:
+    """The judge against a fake candidate that only sends ``exports`` and hangs up."""
+    req_r, req_w = os.pipe()
+    resp_r, resp_w = os.pipe()
+    _code_wire.send(resp_w, {"exports": exports})
+    os.close(resp_w)
+    try:
+        return _code_harness.judge(_code_harness.compile_tests(tests), req_w, resp_r, [])
+    finally:
+        for fd in (req_r, req_w, resp_r):
+            os.close(fd)
+
+
+def test_export_claims_bind_only_public_stdlib_objects():
+    """The candidate may say `add` is `operator.add` (as `from operator import add` would);
+    it cannot make the judge call a builtin or a private function with the tests' arguments."""
+    tests = "assert add(1, 2) == 3"
+    assert judge_with_exports({"add": {"g": ["operator", "add"]}}, tests) == [True]
+    for claim in (["builtins", "max"], ["sys", "_getframe"], ["operator", "__add__"], ["x", "y"]):
+        assert judge_with_exports({"add": {"g": claim}}, "assert 'add' not in globals()") == [True]
+    module_claim = {"math": {"m": "math"}, "add": {"d": [[1, 2]]}}
+    assert judge_with_exports(module_claim, "assert math.sqrt(add[1]) == 2 ** 0.5") == [True]
+
+
 def test_candidate_objects_are_not_compared_documented_limit():
     """A test that compares two of the code's own objects fails: only data is compared."""
     candidate = "class P:\n    def __init__(s, x): s.x = x\n    def __eq__(s, o): return s.x == o.x"

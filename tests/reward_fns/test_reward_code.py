@@ -9,6 +9,7 @@ import time
 import uuid
 
 import pytest
+import sandbox_checks
 from sandbox_checks import children_of, sandbox_processes
 
 import reward_fns
@@ -17,6 +18,14 @@ from reward_fns import sandbox
 
 TIMEOUT_S = 2.0
 ADD_TESTS = "assert add(1, 2) == 3\nassert add(-1, 1) == 0\nassert add(2, 2) == 4"
+
+
+@pytest.fixture(autouse=True)
+def leaves_nothing():
+    """No process, cgroup, mount or host /tmp folder outlives a test (issue 12)."""
+    before = sandbox_checks.snapshot()
+    yield
+    assert sandbox_checks.snapshot() == before
 
 
 def fence(src: str, lang: str = "python") -> str:
