@@ -198,13 +198,13 @@ EVAL = {
 
 
 def write_run_files(path, run_info=RUN_INFO, evaluation=EVAL, steps=40):
-    """grpo_run.json, eval.json and metrics.jsonl (reward climbing 0.2 -> 0.59, eval at step 20)."""
+    """grpo_run.json, eval.json and metrics.jsonl (reward climbing 0.21 -> 0.6, eval at step 20)."""
     path.mkdir(parents=True, exist_ok=True)
     (path / "grpo_run.json").write_text(json.dumps(run_info))
     if evaluation is not None:
         (path / "eval.json").write_text(json.dumps(evaluation))
     rows = [{"step": s, "reward": 0.2 + 0.01 * s, "kl": 0.0} for s in range(1, steps + 1)]
-    rows[19]["eval/accuracy"] = 0.5
+    rows.insert(20, {"step": 20, "eval_accuracy": 0.5, "eval_n": 64})  # an evaluation's line
     lines = [json.dumps(r) for r in rows] + ['{"step": 41, "rew']  # a truncated last line
     (path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     return path

@@ -1,7 +1,8 @@
 """The model card (`README.md`) of a training run's output dir.
 
 Reads the run directory (`training/rundir.py`): `grpo_run.json` (what was trained, how), `eval.json`
-(held-out accuracy before/after, optional) and the curve drawn by `plot.py`. The card's
+(held-out accuracy before/after and during training, optional; see `card_eval.py`) and the curve
+drawn by `plot.py`. The card's
 YAML metadata is built with `huggingface_hub.ModelCardData` (never by hand); the body states the
 objective with its paper link, the key hyperparameters, the rewards, the eval table, the curve,
 a `peft` load-and-generate snippet, and citations.
@@ -19,7 +20,8 @@ from typing import Any
 from huggingface_hub import ModelCard, ModelCardData
 
 from ..core.objectives import PAPERS, objective_name
-from ..training.rundir import CARD_FILE, CURVE_FILE, EVAL_FILE, load_run_info, read_json
+from ..training.rundir import CARD_FILE, CURVE_FILE, load_run_info
+from .card_eval import eval_section
 
 BASE_TAGS = ["grpo", "grpo-plugin", "reinforcement-learning"]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -171,43 +173,13 @@ def _rewards_sentence(run: dict[str, Any]) -> str:
     return f"Reward functions (weighted sum): {listed}.{data}"
 
 
-def _eval_section(output_dir: Path) -> str:
-    evaluation = read_json(output_dir / EVAL_FILE)
-    if not evaluation:
-        return ""
-    before, after = evaluation.get("before") or {}, evaluation.get("after") or {}
-    metrics = [k for k in {**before, **after} if k != "n"]
-    n = after.get("n", before.get("n"))
-    lines = [
-        "## Evaluation",
-        "",
-        f"Held-out prompts: {_fmt(n)} from `{evaluation.get('dataset', '?')}`, "
-        f"scored by `{evaluation.get('reward', '?')}` (greedy decoding for accuracy).",
-        "",
-        "| metric | before | after | change |",
-        "|---|---|---|---|",
-    ]
-    for key in metrics:
-        b, a = before.get(key), after.get(key)
-        change = (
-            f"{100 * (a - b):+.1f} pts"
-            if isinstance(a, (int, float)) and isinstance(b, (int, float))
-            else "–"
-        )
-        lines.append(f"| {key} | {_pct(b)} | {_pct(a)} | {change} |")
-    return "\n".join(lines) + "\n"
-
-
-def _pct(value: Any) -> str:
-    return f"{100 * value:.1f}%" if isinstance(value, (int, float)) else "–"
-
-
 def _curve_section(output_dir: Path) -> str:
     if not (output_dir / CURVE_FILE).is_file():
         return ""
     return (
         "## Reward curve\n\n"
-        f"![Mean training reward and held-out accuracy against step]({CURVE_FILE})\n"
+        f"![Training reward, held-out accuracy with 95% intervals, completion length and KL "
+        f"against step]({CURVE_FILE})\n"
     )
 
 
@@ -288,7 +260,7 @@ def build_model_card(
         "reinforcement learning from verifiable rewards by "
         f"grpo-plugin {run.get('grpo_plugin_version', '')}.\n",
         _objective_section(run),
-        _eval_section(output_dir),
+        eval_section(output_dir, run),
         _curve_section(output_dir),
         _usage_section(run, repo_id or "USER/MODEL", merged),
         _citation_section(run),

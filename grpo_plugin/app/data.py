@@ -276,6 +276,17 @@ def known_columns(spec: dict[str, Any]) -> list[str] | None:
     return first_record_columns(path) if path.is_file() else None
 
 
+def has_held_out(spec: dict[str, Any]) -> bool:
+    """Whether `load_prompt_datasets(spec)` returns a non-empty held-out set (no loading)."""
+    if spec.get("eval_size") == 0:
+        return False
+    if spec.get("name") == "arithmetic":
+        return True
+    if spec.get("name") == "gsm8k" and "eval_path" not in spec:
+        return not _is_local(str(spec.get("path", GSM8K_HUB_ID)))
+    return "eval_path" in spec
+
+
 def dataset_label(spec: dict[str, Any]) -> str:
     """How results name the data: the built-in name or the path."""
     return str(spec.get("name") or spec.get("path"))

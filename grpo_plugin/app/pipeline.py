@@ -1,7 +1,8 @@
 """A recipe, run end to end: the one orchestrator behind `grpo-plugin train` and `run_recipe`.
 
-    load data -> build the trainer -> evaluate (before) -> train -> save -> evaluate (after)
-    -> eval.json, recipe.yaml, reward_curve.png, README.md (the model card)
+    load data -> build the trainer -> evaluate (before) -> train (evaluating on its schedule)
+    -> save -> evaluate (after) -> eval.json (before, after, the curve of every evaluation, the
+    best step, reward-hacking alarms), recipe.yaml, reward_curve.png, README.md (the model card)
 
 Python users call `run_recipe("arithmetic", ["--max_steps", "8"])` (a built-in recipe name or a
 YAML path, plus the same flags as the CLI); the CLI only parses arguments and prints.
@@ -26,6 +27,7 @@ from .recipe import (
     RecipeError,
     check_recipe,
     check_reward_columns,
+    eval_metrics_fn,
     load_recipe,
     one_line,
     resolve_rewards,
@@ -101,9 +103,29 @@ def _build_trainer(recipe: Recipe, rewards: list[Callable], train, held_out):
         train_dataset=train,
         eval_dataset=held_out,
         peft_config=peft_config,
+        eval_metrics=eval_metrics_fn(recipe),
     )
     trainer.dataset_names = dataset_hub_ids(recipe.args.dataset)
     return trainer
+
+
+def training_evaluations(trainer, evaluation: dict[str, Any]) -> dict[str, Any]:
+    """eval.json's `curve` (before, every evaluation during training, after: at the step of the
+    weights it measured), `best_step` and `best_metric` when a best model was tracked, and the
+    reward-hacking `alarms`."""
+    from ..training.eval_curve import build_curve
+
+    watch = trainer.eval_watch.summary(trainer.args, trainer.state)
+    after_step = watch.get("weights_step", trainer.state.global_step)
+    history = trainer.state.log_history
+    before, after = evaluation.get("before"), evaluation.get("after")
+    out: dict[str, Any] = {"curve": build_curve(history, before, after, after_step)}
+    if "best_step" in watch:
+        out["best_step"] = watch["best_step"]
+        out["best_metric"] = {"name": watch["metric"], "value": watch["best_metric"]}
+    if watch.get("alarms"):
+        out["alarms"] = watch["alarms"]
+    return out
 
 
 def write_recipe_copy(recipe: Recipe, out: Path) -> None:
@@ -130,6 +152,11 @@ def summary_lines(evaluation: dict[str, Any], out: Path) -> list[str]:
     for key in after:
         if key.startswith("pass@"):
             lines.append(f"{key}: {_pct(before.get(key))} -> {_pct(after.get(key))}")
+    best = evaluation.get("best_metric")
+    if best and "best_step" in evaluation:
+        lines.append(f"Best {best['name']} during training: {best['value']:.4g} at step "
+                     f"{evaluation['best_step']}")  # fmt: skip
+    lines += [f"Warning: {alarm['message']}" for alarm in evaluation.get("alarms", [])[:1]]
     lines.append(f"Training {train_min:.1f} min; total {total_min:.1f} min. Outputs: {out}")
     return lines
 
@@ -160,6 +187,7 @@ def train_recipe(recipe: Recipe, rewards: list[Callable]) -> dict[str, Any]:
     trainer.save_model(str(out))
     if held_out is not None:
         evaluation["after"] = _evaluate(trainer, held_out, eval_fn, recipe)
+    evaluation.update(training_evaluations(trainer, evaluation))
     rundir.write_json(out / rundir.EVAL_FILE, evaluation)
     write_recipe_copy(recipe, out)
     plot_reward_curve(out)

@@ -1,5 +1,5 @@
 """Recipes: a YAML file of `GRPOConfig` fields plus `model`, `dataset`, `reward_funcs`, `lora`,
-`load_in_4bit` and `eval`, with command-line flags on top.
+`load_in_4bit`, `eval` and `eval_metrics`, with command-line flags on top.
 
 Parsing goes through `transformers.HfArgumentParser` over `(RecipeArguments, GRPOConfig)`:
 flags are parsed by it (types, `--no_x` booleans, help text), merged over the YAML, and the merged
@@ -7,7 +7,9 @@ dict goes to `parse_dict(..., allow_extra_keys=False)`. Dict-valued recipe keys 
 flags: `--dataset.path data/train.jsonl`, `--eval.k 4`, `--lora.r 8` (values are read as YAML).
 
 `check_recipe` then verifies, before any model is loaded, that the dataset spec is valid, every
-reward name resolves, and every dataset column a reward reads exists. Every problem raises
+reward name resolves, every dataset column a reward reads exists, and the evaluation schedule
+can work (a held-out set, an `eval_metrics` hook that imports, a `metric_for_best_model` that is
+logged). Every problem raises
 `RecipeError` with one line that says how to fix it; the CLI prints it and exits with code 2.
 """
 
@@ -28,7 +30,8 @@ from transformers import HfArgumentParser
 import reward_fns
 
 from ..training.config import GRPOConfig
-from .data import known_columns, validate_dataset_spec
+from ..training.eval_setup import check_eval_setup, resolve_eval_metrics
+from .data import has_held_out, known_columns, validate_dataset_spec
 from .recipe_library import find_recipe
 
 # Arguments of a reward function that never name a dataset column (TRL's contract).
@@ -87,6 +90,14 @@ class RecipeArguments:
             "help": "Held-out evaluation before and after training: {k: 8 (pass@k; 0 = off), "
             "num_samples, max_new_tokens (default max_completion_length), batch_size, "
             "temperature, reward (default: the first reward), before: true}."
+        },
+    )
+    eval_metrics: str | None = field(
+        default=None,
+        metadata={
+            "help": "Task metrics at every evaluation: 'module:function' or 'file.py:function' "
+            "(relative to the recipe), called with the greedy completions, prompts and dataset "
+            "columns; returns {name: number}, logged as eval_<name>."
         },
     )
 
@@ -348,6 +359,26 @@ def check_eval_spec(recipe: Recipe) -> dict[str, Any]:
     return spec
 
 
+def eval_metrics_fn(recipe: Recipe) -> Callable | None:
+    """The recipe's `eval_metrics` hook, resolved (a file path is relative to the recipe)."""
+    base = Path(recipe.source).parent if recipe.source else None
+    try:
+        return resolve_eval_metrics(recipe.args.eval_metrics, base_dir=base)
+    except ValueError as err:
+        raise RecipeError(one_line(err)) from err
+
+
+def check_evaluation(recipe: Recipe, rewards: list[Callable]) -> None:
+    """A scheduled evaluation needs a held-out set; the best-model metric must be logged."""
+    hook = eval_metrics_fn(recipe)
+    sets = [""] if has_held_out(recipe.args.dataset) else None
+    names = [reward_fns.reward_name(fn) for fn in rewards]
+    try:
+        check_eval_setup(recipe.config, sets, names, hook is not None)
+    except ValueError as err:
+        raise RecipeError(one_line(err)) from err
+
+
 def check_recipe(recipe: Recipe) -> list[Callable]:
     """Everything that can be checked without a model; returns the resolved rewards."""
     if recipe.args.load_in_4bit and recipe.args.lora is None:
@@ -368,4 +399,5 @@ def check_recipe(recipe: Recipe) -> list[Callable]:
     if columns is not None:
         check_reward_columns(rewards, columns, "the dataset")
     check_eval_spec(recipe)
+    check_evaluation(recipe, rewards)
     return rewards

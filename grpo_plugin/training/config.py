@@ -8,6 +8,8 @@ Defaults that differ from `transformers.TrainingArguments`:
 - `bf16=None`: resolved to True only on a CUDA device that supports bf16; fp32 on CPU.
 - `report_to="none"`, `remove_unused_columns=False` (reward functions read the extra columns).
 - `gradient_checkpointing=False` (TRL turns it on; on small models it costs ~30% speed for nothing).
+- `metric_for_best_model="accuracy"` when `load_best_model_at_end` is set without one (the Trainer's
+  default, the eval loss, says little about a GRPO policy: on-policy it is about 0).
 """
 
 from __future__ import annotations
@@ -194,7 +196,33 @@ class GRPOConfig(TrainingArguments):
         },
     )
 
+    # --- evaluation (training/eval_loop.py) ---------------------------------------------------------
+    num_generations_eval: int | None = field(
+        default=None,
+        metadata={
+            "help": "Completions sampled per held-out prompt at each evaluation (TRL's name). "
+            "k > 1 adds eval_pass@k and computes the eval reward and loss on those samples; 1 "
+            "evaluates greedy completions only (cheapest). None: num_generations."
+        },
+    )
+    reward_hacking_window: int = field(
+        default=2,
+        metadata={
+            "help": "Warn when, over this many consecutive evaluations (first vs last), the "
+            "training reward rose while the held-out metric fell. 0 turns the alarm off."
+        },
+    )
+    reward_hacking_threshold: float = field(
+        default=0.05,
+        metadata={
+            "help": "How much the training reward must rise, and the held-out metric fall (each "
+            "in its own units), for the reward-hacking warning."
+        },
+    )
+
     def __post_init__(self) -> None:
+        if self.load_best_model_at_end and self.metric_for_best_model is None:
+            self.metric_for_best_model = "accuracy"
         if self.bf16 is None:
             self.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
         if not torch.cuda.is_available():
@@ -236,10 +264,22 @@ class GRPOConfig(TrainingArguments):
             raise ValueError(f"num_iterations={self.num_iterations} must be >= 1.")
         if self.max_resample_rounds < 0:
             raise ValueError("max_resample_rounds must be >= 0.")
+        self._check_evaluation()
         if self.auto_find_batch_size:
             raise ValueError(
                 "auto_find_batch_size would split prompt groups; set it False and lower "
                 "per_device_train_batch_size instead."
+            )
+
+    def _check_evaluation(self) -> None:
+        if self.num_generations_eval is not None and self.num_generations_eval < 1:
+            raise ValueError(
+                f"num_generations_eval={self.num_generations_eval} must be >= 1 (1: greedy only)."
+            )
+        if self.reward_hacking_window < 0 or self.reward_hacking_window == 1:
+            raise ValueError(
+                f"reward_hacking_window={self.reward_hacking_window} must be >= 2 evaluations "
+                "(first and last are compared), or 0 to turn the alarm off."
             )
 
     def _resolve_batches(self) -> None:

@@ -46,6 +46,14 @@ from ..rollout.types import Rollout, TrainingBatch
 from . import rundir
 from .callbacks import MetricsJsonlCallback, RichProgressCallback
 from .config import GRPOConfig
+from .eval_setup import (
+    check_eval_datasets,
+    check_eval_setup,
+    eval_set_names,
+    prefixed,
+    resolve_eval_metrics,
+)
+from .eval_watch import RewardHackingCallback
 from .inputs import check_prompt_dataset, resolve_reward_funcs, reward_weight_tensor
 from .metrics import MetricsWindow, completion_records, reward_metrics
 from .policy import (
@@ -67,7 +75,9 @@ class GRPOTrainer(Trainer):
     """TRL-compatible GRPO trainer (see `GRPOConfig` for every option).
 
     `dataset_names` (Hub ids of the training data) may be set after construction; they are
-    written to `grpo_run.json` and the model card.
+    written to `grpo_run.json` and the model card. `eval_dataset` may be a dict of named sets;
+    `eval_metrics` (a callable or "module:function") adds task metrics to every evaluation
+    (`training/eval_loop.py`).
     """
 
     def __init__(
@@ -81,6 +91,7 @@ class GRPOTrainer(Trainer):
         peft_config: Any = None,
         callbacks: list | None = None,
         optimizers: tuple = (None, None),
+        eval_metrics: Callable | str | None = None,
     ):
         model_name = model if isinstance(model, str) else model.config._name_or_path
         args = args or GRPOConfig(output_dir=f"{Path(str(model_name)).name}-GRPO")
@@ -88,9 +99,12 @@ class GRPOTrainer(Trainer):
             raise TypeError(f"args must be a grpo_plugin.GRPOConfig, got {type(args).__name__}.")
         # Cheap checks first: nothing is loaded before the inputs are known to be usable.
         train_dataset = check_prompt_dataset(train_dataset, "train_dataset")
-        eval_dataset = check_prompt_dataset(eval_dataset, "eval_dataset")
+        eval_dataset = check_eval_datasets(eval_dataset)
         self.reward_funcs = resolve_reward_funcs(reward_funcs)
         self.reward_names = [reward_fns.reward_name(f) for f in self.reward_funcs]
+        self.eval_metrics = resolve_eval_metrics(eval_metrics)
+        eval_sets = eval_set_names(eval_dataset)
+        check_eval_setup(args, eval_sets, self.reward_names, self.eval_metrics is not None)
         self.reward_weights = reward_weight_tensor(args.reward_weights, len(self.reward_funcs))
         if not isinstance(model, str) and args.model_init_kwargs:
             raise ValueError("model_init_kwargs only applies when `model` is a string; drop it.")
@@ -112,6 +126,8 @@ class GRPOTrainer(Trainer):
             optimizers=optimizers,
         )
         self._replace_default_callbacks()
+        self.eval_watch = RewardHackingCallback(prefixed("accuracy", (eval_sets or [""])[0]))
+        self.add_callback(self.eval_watch)
         if self.ref_model is not None:
             self.ref_model.to(self.args.device)
         self.loss_is_scaled_for_ga = False  # the Trainer divides each micro-loss by GA
@@ -353,27 +369,10 @@ class GRPOTrainer(Trainer):
         super().log(logs, start_time)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
-        """Greedy held-out accuracy under the first reward function (1.0 = correct)."""
-        from .evaluation import evaluate as run_eval
+        """Greedy accuracy, pass@k and TRL's eval metrics on the held-out set(s), logged once."""
+        from .eval_loop import evaluate_trainer
 
-        dataset = check_prompt_dataset(eval_dataset, "eval_dataset") or self.eval_dataset
-        if dataset is None:
-            raise ValueError("evaluate() needs an eval_dataset with a 'prompt' column.")
-        model = self.accelerator.unwrap_model(self.model)
-        result = run_eval(
-            model,
-            self.processing_class,
-            dataset,
-            self.reward_funcs[0],
-            k=0,
-            max_new_tokens=self.args.max_completion_length,
-        )
-        metrics = {f"{metric_key_prefix}_accuracy": result["accuracy"]}
-        self.log(dict(metrics))
-        self.control = self.callback_handler.on_evaluate(
-            self.args, self.state, self.control, metrics
-        )
-        return metrics
+        return evaluate_trainer(self, eval_dataset, metric_key_prefix)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         super().save_model(output_dir, _internal_call)
@@ -383,7 +382,7 @@ class GRPOTrainer(Trainer):
 
     def run_summary(self) -> dict[str, Any]:
         """The run facts that model cards need (`grpo_run.json`)."""
-        return rundir.run_summary(
+        summary = rundir.run_summary(
             self.args,
             self.accelerator.unwrap_model(self.model),
             self.model_name,
@@ -392,6 +391,8 @@ class GRPOTrainer(Trainer):
             self.state.global_step,
             self.dataset_names,
         )
+        summary["evaluation"] = self.eval_watch.summary(self.args, self.state)
+        return summary
 
     def push_to_hub(self, repo_id: str | None = None, *, token: str | None = None, **kwargs) -> str:
         """Save, plot, write the model card and publish the output dir as one commit.

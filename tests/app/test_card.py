@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import RUN_INFO, write_run_files
+from conftest import EVAL, RUN_INFO, write_run_files
 from huggingface_hub import ModelCard
 
 from grpo_plugin.app.card import build_model_card, write_model_card
@@ -40,11 +40,48 @@ def test_body_states_objective_hyperparameters_and_rewards(run_dir):
 
 def test_eval_table_before_after_and_change(run_dir):
     text = str(build_model_card(run_dir))
-    # 0.4375 -> 0.71875 is +28.125 points; 0.875 -> 0.90625 is +3.125 points
-    assert "| accuracy | 43.8% | 71.9% | +28.1 pts |" in text
+    # 0.4375 -> 0.71875 is +28.125 points; 0.875 -> 0.90625 is +3.125 points. Wilson 95% of
+    # 28/64: center (0.4375 + 0.030011) / 1.060023 = 0.441039, half 1.848985 * 0.063872 = 0.118098
+    # -> 32.3-55.9%; of 46/64: center 0.706363, half 1.848985 * 0.058250 = 0.107703 -> 59.9-81.4%
+    assert "| accuracy (n = 64) | 43.8% (32.3–55.9%) | 71.9% (59.9–81.4%) | +28.1 pts |" in text
     assert "| pass@8 | 87.5% | 90.6% | +3.1 pts |" in text
     assert "Held-out prompts: 64 from `openai/gsm8k`" in text
     assert "](reward_curve.png)" in text
+    # no curve in this eval.json: built from before, the logged evaluation (step 20) and after
+    assert "| 0 | 43.8% | 32.3–55.9% | 64 |" in text
+    assert "| 20 | 50.0% | 38.1–61.9% | 64 |" in text  # 32/64: center 0.5, half 0.118979
+    assert "| 40 | 71.9% | 59.9–81.4% | 64 |" in text
+
+
+def test_card_shows_the_best_step_and_the_alarm(tmp_path):
+    alarm = {"first_step": 16, "last_step": 32, "message": "Possible reward hacking: from step 16"}
+    evaluation = {
+        **EVAL,
+        "curve": [
+            {"step": 0, "accuracy": 0.4375, "ci95": [0.3229, 0.5591], "n": 64},
+            {"step": 16, "accuracy": 0.75, "ci95": [0.6314, 0.8398], "n": 64},
+            {"step": 40, "accuracy": 0.71875, "ci95": [0.5987, 0.8141], "n": 64},
+        ],
+        "best_step": 16,
+        "best_metric": {"name": "eval_accuracy", "value": 0.75},
+        "alarms": [alarm, {**alarm, "message": "later"}],
+    }
+    run = write_run_files(tmp_path / "run", evaluation=evaluation)
+    text = build_model_card(run).text
+    assert "**Best step: 16** (eval_accuracy = 75.0%); these weights are from step 40" in text
+    assert "| 16 | 75.0% | 63.1–84.0% | 64 |" in text
+    assert "> **Warning.** Possible reward hacking: from step 16" in text
+    assert "(1 later evaluations diverged too.)" in text
+
+
+def test_api_runs_take_the_best_step_from_the_run_summary(tmp_path):
+    """No eval.json (trained through the Python API): grpo_run.json and metrics.jsonl suffice."""
+    watch = {"metric": "eval_accuracy", "best_step": 20, "best_metric": 0.5, "weights_step": 20}
+    info = {**RUN_INFO, "evaluation": watch}
+    run = write_run_files(tmp_path / "run", run_info=info, evaluation=None)
+    text = build_model_card(run).text
+    assert "## Evaluation" in text
+    assert "**Best step: 20** (eval_accuracy = 50.0%); these weights are from that step." in text
 
 
 def test_snippet_and_citations(run_dir):

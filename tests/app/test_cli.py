@@ -73,8 +73,33 @@ def test_good_recipe_dry_run(tmp_path, capsys, no_training):
         ),
         # unknown eval key
         (GOOD + "eval: {kk: 4}\n", [], "did you mean 'k'"),
+        # an eval_metrics hook that does not import
+        (GOOD + "eval_metrics: no_such_module_xyz:f1\n", [], "cannot import 'no_such_module_xyz'"),
+        # evaluation on a schedule without a held-out set
+        (
+            GOOD.replace("eval_size: 4", "eval_size: 0"),
+            ["--eval_strategy", "steps", "--eval_steps", "2"],
+            "held-out set, but there is none",
+        ),
+        # a best-model metric that is never logged
+        (
+            GOOD + "eval_strategy: steps\neval_steps: 2\nmetric_for_best_model: f1\n",
+            [],
+            "metric_for_best_model='f1' is never logged",
+        ),
     ],
-    ids=["key", "flag", "dataset-key", "reward", "G", "column", "eval-key"],
+    ids=[
+        "key",
+        "flag",
+        "dataset-key",
+        "reward",
+        "G",
+        "column",
+        "eval-key",
+        "eval-metrics",
+        "eval-no-set",
+        "best-metric",
+    ],  # fmt: skip
 )
 def test_bad_recipe_gives_one_line_and_exit_2(tmp_path, capsys, no_training, text, flags, expected):
     assert cli.main(["train", _recipe(tmp_path, text), *flags]) == 2

@@ -1,5 +1,6 @@
 """The recipe pipeline through the CLI and through `run_recipe`, on a tiny model: every output
-file, the datasets named in grpo_run.json and the card, and built-in recipes by name."""
+file, the datasets named in grpo_run.json and the card, built-in recipes by name, and evaluations
+on a schedule (metrics.jsonl, eval.json's curve, the summary lines and the card)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from grpo_plugin import cli, run_recipe
 from grpo_plugin.app import pipeline
 from grpo_plugin.app.data import arithmetic_dataset
 from grpo_plugin.app.recipe_library import builtin_recipes, find_recipe, purpose
+from grpo_plugin.training.eval_curve import wilson_interval
 
 TINY_RECIPE = (
     "model: {model}\n"
@@ -87,3 +89,77 @@ def test_unknown_recipe_name_lists_the_builtins(capsys):
 @pytest.mark.parametrize("name", sorted(builtin_recipes()))
 def test_every_builtin_recipe_has_a_purpose_line(name):
     assert len(purpose(builtin_recipes()[name])) > 20
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+EVAL_RECIPE = """
+model: {model}
+dataset: {{name: arithmetic, train_size: 8, eval_size: 6}}
+reward_funcs: [last_integer]
+eval: {{k: 0, batch_size: 8}}
+eval_metrics: my_metrics.py:mean_chars
+output_dir: {out}
+max_steps: 5
+eval_strategy: steps
+eval_steps: 2
+num_generations: 4
+num_generations_eval: 4
+per_device_train_batch_size: 8
+per_device_eval_batch_size: 8
+max_completion_length: 6
+metric_for_best_model: accuracy
+learning_rate: 1.0e-2
+save_strategy: "no"
+disable_tqdm: true
+"""
+HOOK = """
+def mean_chars(prompts, completions, answer, **columns):
+    return {"mean_chars": sum(len(c[0]["content"]) for c in completions) / len(completions)}
+"""
+
+
+@pytest.fixture(scope="module")
+def run(tiny_model_dir, tmp_path_factory):
+    """A 5-step recipe run evaluating at steps 2 and 4 with num_generations_eval 4."""
+    root = tmp_path_factory.mktemp("pipeline")
+    (root / "my_metrics.py").write_text(HOOK)  # next to the recipe, not in the working dir
+    recipe = root / "recipe.yaml"
+    recipe.write_text(EVAL_RECIPE.format(model=tiny_model_dir, out=root / "out"))
+    return run_recipe(str(recipe)), root / "out"
+
+
+def test_evaluations_are_logged_at_steps_2_4_and_the_end(run):
+    _, out = run
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if "eval_accuracy" in r]
+    # every eval_steps = 2, and at the last step (the Trainer evaluates at the end of training)
+    assert [r["step"] for r in evals] == [2, 4, 5]
+    assert all("eval_pass@4" in r and r["eval_n"] == 6 for r in evals)
+    assert all(isinstance(r["eval_mean_chars"], float) for r in evals)  # the recipe's hook
+
+
+def test_eval_json_curve_holds_before_every_evaluation_and_after(run):
+    evaluation, out = run
+    saved = json.loads((out / "eval.json").read_text())
+    curve = saved["curve"]
+    assert [p["step"] for p in curve] == [0, 2, 4, 5]
+    assert curve[0]["accuracy"] == saved["before"]["accuracy"]
+    assert curve[-1]["accuracy"] == saved["after"]["accuracy"]
+    for point in curve:
+        assert point["n"] == 6
+        low, high = wilson_interval(round(point["accuracy"] * 6), 6)
+        assert point["ci95"] == [round(low, 4), round(high, 4)]
+    assert saved["best_step"] in (2, 4)
+    assert saved["best_metric"]["name"] == "eval_accuracy"
+    assert evaluation["curve"] == curve
+
+
+def test_summary_and_card_name_the_best_step(run):
+    evaluation, out = run
+    step = evaluation["best_step"]
+    assert any(f"at step {step}" in line for line in pipeline.summary_lines(evaluation, out))
+    card = (out / "README.md").read_text()
+    assert f"**Best step: {step}** (eval_accuracy = " in card
+    assert "| 2 |" in card and "| 4 |" in card  # the during-training table
+    assert (out / "reward_curve.png").stat().st_size > 0

@@ -283,6 +283,6 @@ def test_evaluate_reports_greedy_accuracy(tiny_tokenizer, tmp_path):
         always_right,
         eval_data=SEVEN_DATA[:4],
     )
-    assert trainer.evaluate() == {"eval_accuracy": 1.0}
+    assert trainer.evaluate()["eval_accuracy"] == 1.0  # TRL's keys too: test_eval_loop.py
     lines = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
     assert json.loads(lines[-1])["eval_accuracy"] == 1.0

@@ -1,0 +1,195 @@
+"""What is checked before an evaluating run loads a model: the eval sets, the `eval_metrics` hook,
+the schedule, and the metric that picks the best model.
+
+Every problem is a `ValueError` whose message is one line saying how to fix it; the trainer raises
+it before loading the model and `grpo-plugin train` turns it into exit code 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+EvalMetricsFn = Callable[..., dict[str, float]]
+# What every evaluation logs, before the `eval_` (or `eval_<name>_`) prefix; see eval_loop.py.
+BUILTIN_KEYS = (
+    "accuracy", "n", "loss", "reward", "reward_std", "frac_reward_zero_std",
+    "completions/mean_length", "completions/min_length", "completions/max_length",
+    "completions/clipped_ratio", "completions/mean_terminated_length",
+    "completions/min_terminated_length", "completions/max_terminated_length", "entropy",
+    "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
+    "clip_ratio/low_min", "clip_ratio/high_max", "num_tokens",
+    "runtime", "samples_per_second", "steps_per_second",
+)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- the hook
+
+
+def _load_file_module(path: Path) -> Any:
+    name = f"_grpo_eval_metrics_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def resolve_eval_metrics(
+    spec: EvalMetricsFn | str | None, base_dir: str | Path | None = None
+) -> EvalMetricsFn | None:
+    """A callable, or `"package.module:function"`, or `"path/to/file.py:function"` (relative to
+    `base_dir`, else the working directory)."""
+    if spec is None or callable(spec):
+        return spec
+    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
+        raise ValueError(
+            f"eval_metrics={spec!r} must be 'module:function' or 'file.py:function' "
+            "(e.g. eval_metrics: my_metrics:exact_match)"
+        )
+    module_name, attr = spec.split(":")
+    try:
+        if module_name.endswith(".py"):
+            path = Path(module_name)
+            if not path.is_absolute() and base_dir is not None and not path.is_file():
+                path = Path(base_dir) / path
+            if not path.is_file():
+                raise FileNotFoundError(f"no file {module_name}")
+            module = _load_file_module(path)
+        else:
+            module = importlib.import_module(module_name)
+    except Exception as err:  # a missing module, or user code that fails on import
+        raise ValueError(
+            f"eval_metrics={spec!r}: cannot import {module_name!r} ({type(err).__name__}: {err}); "
+            "give an importable module or a .py file path"
+        ) from err
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"eval_metrics={spec!r}: {module_name!r} has no function {attr!r}")
+    return fn
+
+
+def check_metrics_result(result: Any, fn: EvalMetricsFn) -> dict[str, float]:
+    """The hook must return `{name: number}` with names that do not shadow the built-in keys."""
+    name = getattr(fn, "__name__", type(fn).__name__)
+    if not isinstance(result, dict):
+        raise TypeError(
+            f"eval_metrics function {name!r} returned {type(result).__name__}; "
+            "return a dict of metric name -> number"
+        )
+    out = {}
+    for key, value in result.items():
+        if not isinstance(key, str) or key in BUILTIN_KEYS or key.startswith("pass@"):
+            raise ValueError(
+                f"eval_metrics function {name!r} returned the metric name {key!r}, which is not a "
+                "string or is already logged by grpo-plugin; rename it"
+            )
+        try:
+            out[key] = float(value)
+        except (TypeError, ValueError) as err:
+            raise TypeError(
+                f"eval_metrics function {name!r} returned {value!r} for {key!r}; expected a number"
+            ) from err
+    return out
+
+
+# ----------------------------------------------------------------------------- the eval sets
+
+
+def _check_one(dataset: Any, label: str) -> Any:
+    from datasets import Dataset, IterableDataset
+
+    if isinstance(dataset, list):
+        dataset = Dataset.from_list(dataset)
+    if isinstance(dataset, IterableDataset):
+        columns = dataset.column_names  # None when the features are not known up front
+    else:
+        columns = getattr(dataset, "column_names", None)
+        if columns is None:
+            raise TypeError(
+                f"{label} is a {type(dataset).__name__}; pass a datasets.Dataset, an "
+                "IterableDataset, a list of dicts or a dict of those"
+            )
+        if len(dataset) == 0:
+            raise ValueError(f"{label} is empty; give it at least one held-out prompt")
+    if columns is not None and "prompt" not in columns:
+        raise ValueError(
+            f"{label} has no 'prompt' column (columns: {columns}). Rename the column holding the "
+            "prompt, e.g. dataset.rename_column('question', 'prompt')."
+        )
+    return dataset
+
+
+def check_eval_datasets(eval_dataset: Any) -> Any:
+    """A Dataset, IterableDataset or list of dicts, or a dict `{name: one of those}` (each
+    evaluated under the prefix `eval_<name>_`); None stays None."""
+    if eval_dataset is None:
+        return None
+    if isinstance(eval_dataset, dict):
+        if not eval_dataset:
+            raise ValueError("eval_dataset is an empty dict; give at least one named dataset")
+        return {
+            str(name): _check_one(ds, f"eval_dataset[{name!r}]")
+            for name, ds in eval_dataset.items()
+        }
+    return _check_one(eval_dataset, "eval_dataset")
+
+
+def eval_set_names(eval_dataset: Any) -> list[str] | None:
+    """None: no eval set; `[""]`: one; the names of a dict of eval sets."""
+    if eval_dataset is None:
+        return None
+    return list(eval_dataset) if isinstance(eval_dataset, dict) else [""]
+
+
+# ----------------------------------------------------------------------------- the schedule
+
+
+def prefixed(key: str, set_name: str = "", prefix: str = "eval") -> str:
+    return f"{prefix}_{set_name}_{key}" if set_name else f"{prefix}_{key}"
+
+
+def logged_eval_keys(args: Any, reward_names: Sequence[str], set_names: Sequence[str]) -> set[str]:
+    """Every key an evaluation logs (the hook's keys aside)."""
+    keys = list(BUILTIN_KEYS) + [f"rewards/{r}/{s}" for r in reward_names for s in ("mean", "std")]
+    if args.beta > 0:
+        keys.append("kl")
+    k = args.num_generations_eval or args.num_generations
+    if k == 1 and args.beta == 0:
+        keys.remove("entropy")  # eval_loop skips the forward pass then
+    if k > 1:
+        keys.append(f"pass@{k}")
+    return {prefixed(key, name) for name in set_names for key in keys}
+
+
+def best_metric_key(metric: str) -> str:
+    """`metric_for_best_model` as the Trainer reads it: `eval_` is prepended when missing."""
+    return metric if metric.startswith("eval_") else f"eval_{metric}"
+
+
+def check_eval_setup(
+    args: Any, set_names: Sequence[str] | None, reward_names: Sequence[str], has_hook: bool
+) -> None:
+    """Raise one line when the evaluation schedule cannot work (before any model loads)."""
+    strategy = str(getattr(args.eval_strategy, "value", args.eval_strategy))
+    scheduled = strategy != "no" or args.eval_on_start
+    if scheduled and set_names is None:
+        what = f"eval_strategy={strategy!r}" if strategy != "no" else "eval_on_start"
+        raise ValueError(
+            f"{what} evaluates on a held-out set, but there is none: pass eval_dataset (recipes: "
+            "dataset eval_size or eval_path) or set eval_strategy to 'no'"
+        )
+    if not scheduled or args.metric_for_best_model is None:
+        return
+    metric = best_metric_key(args.metric_for_best_model)
+    keys = logged_eval_keys(args, reward_names, set_names)
+    if metric not in keys and not has_hook:
+        names = sorted(k for k in keys if k.endswith(("_accuracy", "_loss", "_reward")))
+        raise ValueError(
+            f"metric_for_best_model={args.metric_for_best_model!r} is never logged (as {metric!r});"
+            f" use one the evaluation logs, e.g. {', '.join(names)}, or a pass@k key"
+        )
