@@ -14,6 +14,7 @@ Defaults that differ from `transformers.TrainingArguments`:
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ from ..core.objectives import ESTIMATORS, LOSS_TYPES, check_loss_hyperparameters
 from ..core.objectives import IMPORTANCE_SAMPLING_LEVELS as IMPORTANCE_LEVELS
 from ..rollout.types import SamplingParams
 
+logger = logging.getLogger(__name__)
 SCALE_REWARDS = ("group", "batch", "none")
 # scale_rewards (TRL's knob) -> our advantage estimator.
 _SCALE_TO_ESTIMATOR = {"group": "grpo", "batch": "batch", "none": "dr_grpo"}
@@ -223,6 +225,12 @@ class GRPOConfig(TrainingArguments):
     def __post_init__(self) -> None:
         if self.load_best_model_at_end and self.metric_for_best_model is None:
             self.metric_for_best_model = "accuracy"
+        if self.eval_strategy == "steps" and not self.eval_steps:  # the Trainer's silent default
+            logger.warning(
+                "eval_strategy='steps' without eval_steps evaluates at every logging step (every "
+                "%s steps); set eval_steps, e.g. eval_steps=16.",
+                self.logging_steps,
+            )
         if self.bf16 is None:
             self.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
         if not torch.cuda.is_available():

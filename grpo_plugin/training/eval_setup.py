@@ -188,8 +188,8 @@ def check_eval_setup(
     metric = best_metric_key(args.metric_for_best_model)
     keys = logged_eval_keys(args, reward_names, set_names)
     if metric not in keys and not has_hook:
-        names = sorted(k for k in keys if k.endswith(("_accuracy", "_loss", "_reward")))
+        names = sorted(k for k in keys if k.endswith(("_accuracy", "_loss", "_reward")) or "@" in k)
         raise ValueError(
             f"metric_for_best_model={args.metric_for_best_model!r} is never logged (as {metric!r});"
-            f" use one the evaluation logs, e.g. {', '.join(names)}, or a pass@k key"
+            f" use a key the evaluation logs, e.g. {', '.join(names)}"
         )

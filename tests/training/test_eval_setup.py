@@ -123,3 +123,13 @@ def test_hook_file_paths_resolve_relative_to_a_base_dir(tmp_path):
     (tmp_path / "broken.py").write_text("raise RuntimeError('boom')\n")
     with pytest.raises(ValueError, match="RuntimeError: boom"):
         resolve_eval_metrics("broken.py:f1", base_dir=tmp_path)
+
+
+def test_steps_without_eval_steps_warns_that_every_step_is_evaluated(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="grpo_plugin.training.config"):
+        tiny_config(tmp_path, eval_strategy="steps")
+        tiny_config(tmp_path, eval_strategy="steps", eval_steps=4)
+    assert [r.getMessage() for r in caplog.records] == [
+        "eval_strategy='steps' without eval_steps evaluates at every logging step (every 1 "
+        "steps); set eval_steps, e.g. eval_steps=16."
+    ]
