@@ -43,7 +43,7 @@ from ..core.objectives import group_advantages, policy_loss
 from ..rollout.dynamic_sampling import refill
 from ..rollout.prompts import sample_groups
 from ..rollout.types import Rollout, TrainingBatch
-from . import rundir
+from . import distributed, rundir
 from .callbacks import MetricsJsonlCallback, RichProgressCallback
 from .config import GRPOConfig
 from .inputs import check_prompt_dataset, resolve_reward_funcs, reward_weight_tensor
@@ -112,6 +112,7 @@ class GRPOTrainer(Trainer):
             optimizers=optimizers,
         )
         self._replace_default_callbacks()
+        distributed.check_backend(self.accelerator)
         if self.ref_model is not None:
             self.ref_model.to(self.args.device)
         self.loss_is_scaled_for_ga = False  # the Trainer divides each micro-loss by GA
@@ -153,7 +154,12 @@ class GRPOTrainer(Trainer):
         a = self.args
         repeats = a.steps_per_generation * a.num_iterations
         return PromptBatchSampler(
-            len(dataset), a.prompts_per_generation, repeats, a.shuffle_dataset, a.seed
+            len(dataset),
+            a.prompts_per_generation,
+            repeats,
+            a.shuffle_dataset,
+            a.seed,
+            num_shards=a.world_size,  # each process gets its own shard of every rollout's prompts
         )
 
     def get_train_dataloader(self):
@@ -182,16 +188,21 @@ class GRPOTrainer(Trainer):
 
     # --- one rollout, step by step -------------------------------------------------------------
     def _build_rollout(self, rows: list[dict]) -> TrainingBatch:
-        rollout = self._sample_and_score(rows)
-        self._record_reward_metrics(rollout)
-        if self.args.dynamic_sampling:
-            rollout = self._refill(rollout)
+        # Local phase: no collective inside, so processes may refill a different number of rounds;
+        # an error on any process is raised on every process once it ends (distributed.py).
+        with distributed.failures_shared(self.accelerator):
+            with distributed.full_parameters(self.accelerator, self.model):
+                sampled = self._sample_and_score(rows)
+                rollout = self._refill(sampled) if self.args.dynamic_sampling else sampled
+        self._record_reward_metrics(sampled)
         batch = self._training_batch(rollout).to(self.args.device)
         batch = self._add_policy_logps(batch)
         if self.args.log_completions:
             self._write_completions(rollout, batch.advantages)
         batch = self._shuffle_for_reuse(batch)
-        self._loss_tokens_per_slice = float(batch.loss_mask.sum()) / self.args.steps_per_generation
+        # dapo's normaliser: the global rollout's loss tokens per micro-slice and process
+        tokens = distributed.mean_over_processes(self.accelerator, float(batch.loss_mask.sum()))
+        self._loss_tokens_per_slice = tokens / self.args.steps_per_generation
         return batch
 
     def _sample_and_score(self, rows: list[dict]) -> Rollout:
@@ -219,13 +230,15 @@ class GRPOTrainer(Trainer):
         return rollout
 
     def _record_reward_metrics(self, rollout: Rollout) -> None:
-        metrics = reward_metrics(rollout, self.reward_names)
+        pad_id = self.processing_class.pad_token_id
+        rollout, _ = distributed.gather_rollout(self.accelerator, rollout, pad_id)
+        metrics = reward_metrics(rollout, self.reward_names)  # over every process's completions
         self._metrics.update(metrics)
         self._warn_on_zero_std(metrics["frac_reward_zero_std"])
 
     def _warn_on_zero_std(self, frac_zero: float) -> None:
         self._zero_std_streak = self._zero_std_streak + 1 if frac_zero >= 1.0 else 0
-        if self._zero_std_streak == self.args.zero_std_patience:
+        if self._zero_std_streak == self.args.zero_std_patience and self.is_world_process_zero():
             logger.warning(
                 "For %d rollouts in a row every group's G rewards were identical, so every advantage "
                 "and the policy loss are 0 and nothing is learned. The task is too hard or too easy "
@@ -238,7 +251,8 @@ class GRPOTrainer(Trainer):
         a = self.args
 
         def fresh(k: int) -> Rollout:
-            idx = torch.randperm(len(self.train_dataset), generator=self._rng)[:k].tolist()
+            order = torch.randperm(len(self.train_dataset), generator=self._rng).tolist()
+            idx = distributed.own_share(order, self.accelerator)[:k]  # disjoint across processes
             return self._sample_and_score([self.train_dataset[i] for i in idx])
 
         pad_id = self.processing_class.pad_token_id
@@ -274,6 +288,10 @@ class GRPOTrainer(Trainer):
         return batch
 
     def _write_completions(self, rollout: Rollout, advantages: torch.Tensor) -> None:
+        pad_id = self.processing_class.pad_token_id
+        rollout, advantages = distributed.gather_rollout(
+            self.accelerator, rollout, pad_id, advantages
+        )
         if not self.is_world_process_zero():
             return
         step = self.state.global_step
@@ -349,7 +367,8 @@ class GRPOTrainer(Trainer):
     # --- logging, evaluation, saving ------------------------------------------------------------
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:  # a training log: add this window's rollout metrics
-            logs.update(self._metrics.flush(self.state.global_step))
+            window = self._metrics.flush(self.state.global_step)
+            logs.update(distributed.reduce_metrics(self.accelerator, window))
         super().log(logs, start_time)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
@@ -367,6 +386,7 @@ class GRPOTrainer(Trainer):
             self.reward_funcs[0],
             k=0,
             max_new_tokens=self.args.max_completion_length,
+            accelerator=self.accelerator,
         )
         metrics = {f"{metric_key_prefix}_accuracy": result["accuracy"]}
         self.log(dict(metrics))
