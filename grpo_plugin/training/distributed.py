@@ -24,6 +24,7 @@ FSDP2, DeepSpeed ZeRO-2) averages the gradients. What the trainer adds, and wher
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -39,6 +40,19 @@ logger = logging.getLogger(__name__)
 
 # Per-process metrics whose global value is the sum over processes, not the mean.
 SUMMED_METRICS = ("dynamic_sampling/filtered_groups", "generation/tokens_per_s")
+
+
+def launched_without_accelerators() -> bool:
+    """True in a process of a multi-process launch on a machine with no GPU (or other device).
+
+    `accelerate launch --cpu` starts several CPU processes only through mpirun; `accelerate launch
+    --multi_gpu` and `torchrun` start them on any machine, but accelerate then sees no GPU and
+    runs each process as a separate one-process job (N runs writing the same files). GRPOConfig
+    turns on `use_cpu` in this case, which selects accelerate's MULTI_CPU mode (gloo).
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    return torch.accelerator.current_accelerator() is None
 
 
 def _world(accelerator) -> int:

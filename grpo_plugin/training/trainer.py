@@ -23,6 +23,7 @@ import copy
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from ..core.batching import (
 from ..core.logprobs import completion_logprobs
 from ..core.objectives import group_advantages, policy_loss
 from ..rollout.dynamic_sampling import refill
+from ..rollout.noise import KeyedNoise, RolloutKey
 from ..rollout.prompts import sample_groups
 from ..rollout.types import Rollout, TrainingBatch
 from . import distributed, rundir
@@ -122,7 +124,7 @@ class GRPOTrainer(Trainer):
         self._seen_step, self._micro = -1, 0
         self._zero_std_streak = 0
         self._loss_tokens_per_slice = 1.0  # dapo's normaliser for the current rollout
-        self._rng = torch.Generator().manual_seed(args.seed)
+        self._rollout_key = RolloutKey(args.seed, 0)  # keys every random draw of a rollout
         self._share_group = shared_group_size(
             args.num_generations, args.per_device_train_batch_size
         )
@@ -181,7 +183,9 @@ class GRPOTrainer(Trainer):
             self._seen_step, self._micro = self.state.global_step, 0
         micro = self.state.global_step * a.gradient_accumulation_steps + self._micro
         self._micro += 1
-        if micro % (a.steps_per_generation * a.num_iterations) == 0 or self._buffer is None:
+        per_rollout = a.steps_per_generation * a.num_iterations
+        if micro % per_rollout == 0 or self._buffer is None:
+            self._rollout_key = RolloutKey(a.seed, micro // per_rollout)
             self._buffer = self._build_rollout(rows)
         index = micro % a.steps_per_generation
         return self._buffer.micro_batch(index, a.per_device_train_batch_size)
@@ -192,7 +196,7 @@ class GRPOTrainer(Trainer):
         # an error on any process is raised on every process once it ends (distributed.py).
         with distributed.failures_shared(self.accelerator):
             with distributed.full_parameters(self.accelerator, self.model):
-                sampled = self._sample_and_score(rows)
+                sampled = self._sample_and_score(rows, self._rollout_key)
                 rollout = self._refill(sampled) if self.args.dynamic_sampling else sampled
         self._record_reward_metrics(sampled)
         batch = self._training_batch(rollout).to(self.args.device)
@@ -205,10 +209,14 @@ class GRPOTrainer(Trainer):
         self._loss_tokens_per_slice = tokens / self.args.steps_per_generation
         return batch
 
-    def _sample_and_score(self, rows: list[dict]) -> Rollout:
+    def _sample_and_score(self, rows: list[dict], key: RolloutKey) -> Rollout:
         a = self.args
         t0 = time.perf_counter()
         model = self.accelerator.unwrap_model(self.model)
+        # draws keyed on each prompt's position in the global batch: the same on any process count
+        first = distributed.global_prompt_offset(self.accelerator, a.prompts_per_generation)
+        indices = range(first, first + len(rows))
+        noise = KeyedNoise.for_prompts(key, indices, a.num_generations, a.max_completion_length)
         with eval_mode(model):
             rollout = sample_groups(
                 model,
@@ -219,7 +227,7 @@ class GRPOTrainer(Trainer):
                 max_prompt_length=a.max_prompt_length,
                 chat_template_kwargs=a.chat_template_kwargs,
                 share_prompt_prefix=a.share_prompt_prefix,
-                generator=self._rng,
+                noise=noise,
             )
         t1 = time.perf_counter()
         score_rollout(rollout, self.reward_funcs, self.reward_weights)
@@ -248,12 +256,13 @@ class GRPOTrainer(Trainer):
             )
 
     def _refill(self, rollout: Rollout) -> Rollout:
-        a = self.args
+        a, rounds = self.args, iter(range(1, self.args.max_resample_rounds + 1))
 
         def fresh(k: int) -> Rollout:
-            order = torch.randperm(len(self.train_dataset), generator=self._rng).tolist()
-            idx = distributed.own_share(order, self.accelerator)[:k]  # disjoint across processes
-            return self._sample_and_score([self.train_dataset[i] for i in idx])
+            key = replace(self._rollout_key, round=next(rounds))
+            order = torch.randperm(len(self.train_dataset), generator=key.generator("refill"))
+            idx = distributed.own_share(order.tolist(), self.accelerator)[:k]  # disjoint shares
+            return self._sample_and_score([self.train_dataset[i] for i in idx], key)
 
         pad_id = self.processing_class.pad_token_id
         rollout, filtered = refill(rollout, a.num_generations, fresh, a.max_resample_rounds, pad_id)
@@ -305,7 +314,8 @@ class GRPOTrainer(Trainer):
         reused = a.num_iterations > 1 or a.steps_per_generation > 1
         if not reused or a.per_device_train_batch_size % G:
             return batch
-        return batch.select(group_permutation(len(batch), G, self._rng).to(batch.advantages.device))
+        order = group_permutation(len(batch), G, self._rollout_key.generator("shuffle"))
+        return batch.select(order.to(batch.advantages.device))
 
     # --- loss ----------------------------------------------------------------------------------
     def _logps(self, model, batch: TrainingBatch, entropy: bool = False):

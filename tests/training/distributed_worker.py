@@ -1,0 +1,156 @@
+"""The multi-process side of tests/training/test_distributed_launch.py (a script, not a test).
+
+    accelerate launch --multi_gpu --num_processes 2 tests/training/distributed_worker.py OUT PHASE...
+
+builds `GRPOTrainer`s on the tiny model and records what the tests compare, process 0 writing:
+- `equal-grpo`, `equal-dapo`: 3 LoRA steps, 8 completions per process (1 prompt x G=8); the
+  test runs the same `train_and_record` on one process with 16. OUT/PHASE/ gets the adapter, the
+  gathered completions and `grad.pt` (the first step's gradient, as the optimizer sees it).
+- `eval`: sharded greedy evaluation of the untrained model -> OUT/eval.json.
+- `dynamic`: dynamic sampling where process 0's groups all score alike (it refills every round)
+  and process 1's do not (it never refills) -> OUT/dynamic/calls_rank{k}.json.
+- `error`: process 1's reward raises at the second rollout; each process writes the exception
+  it stopped with -> OUT/error_rank{k}.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # tests/ (conftest helpers), last:
+# tests/reward_fns/ must not shadow the reward_fns package
+
+import torch  # noqa: E402
+from conftest import SEVEN_DATA, frac_sevens, make_tiny_model, make_tiny_tokenizer  # noqa: E402
+from transformers import TrainerCallback  # noqa: E402
+
+STEPS = 3
+RANK = int(os.environ.get("RANK", "0"))
+
+
+class FirstGradient(TrainerCallback):
+    """Keeps the trainable parameters' gradients just before the first optimizer step."""
+
+    def __init__(self) -> None:
+        self.grads: dict[str, torch.Tensor] | None = None
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        if self.grads is None:
+            self.grads = {
+                n: p.grad.detach().clone()
+                for n, p in model.named_parameters()
+                if p.requires_grad and p.grad is not None
+            }
+
+
+def tiny_trainer(out: Path, per_device: int, reward=frac_sevens, **overrides):
+    from peft import LoraConfig
+
+    from grpo_plugin import GRPOConfig, GRPOTrainer
+
+    tokenizer = make_tiny_tokenizer()
+    config = dict(
+        output_dir=str(out),
+        per_device_train_batch_size=per_device,
+        num_generations=8,
+        max_completion_length=8,
+        max_steps=STEPS,
+        learning_rate=3e-2,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+        log_completions=True,
+    )
+    return GRPOTrainer(
+        make_tiny_model(tokenizer, initializer_range=0.5),
+        reward,
+        args=GRPOConfig(**{**config, **overrides}),
+        train_dataset=SEVEN_DATA,
+        processing_class=tokenizer,
+        peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"),
+    )
+
+
+def train_and_record(out: Path, loss_type: str, per_device: int) -> None:
+    """3 steps; writes the adapter, the completions parquets and grad.pt under `out`."""
+    trainer = tiny_trainer(out, per_device, loss_type=loss_type)
+    probe = FirstGradient()
+    trainer.add_callback(probe)
+    trainer.train()
+    trainer.save_model(str(out))
+    if trainer.is_world_process_zero():
+        torch.save(probe.grads, out / "grad.pt")
+
+
+def distinct_chars(prompts, completions, **kwargs):
+    """An evaluation reward that varies from prompt to prompt: distinct characters / 8."""
+    return [len(set(c)) / 8 for c in completions]
+
+
+def sharded_eval(out: Path) -> None:
+    from grpo_plugin.training.evaluation import evaluate
+
+    trainer = tiny_trainer(out / "eval-run", 8)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    result = evaluate(
+        model,
+        trainer.processing_class,
+        trainer.train_dataset.select(range(7)),  # 7 prompts: shards of 4 and 3
+        distinct_chars,
+        k=0,
+        max_new_tokens=8,
+        batch_size=2,
+        success_threshold=0.5,
+        accelerator=trainer.accelerator,
+    )
+    if trainer.is_world_process_zero():
+        (out / "eval.json").write_text(json.dumps(result))
+
+
+def rank_dependent(prompts, completions, **kwargs):
+    """Process 0: every group scores alike (all dropped); process 1: the G scores all differ."""
+    return [1.0 if RANK == 0 else float(i) for i in range(len(completions))]
+
+
+def dynamic(out: Path) -> None:
+    trainer = tiny_trainer(out, 8, reward=rank_dependent, dynamic_sampling=True)
+    calls = []
+    sample = trainer._sample_and_score
+    trainer._sample_and_score = lambda rows, key: calls.append(len(rows)) or sample(rows, key)
+    trainer.train()
+    (out / f"calls_rank{RANK}.json").write_text(json.dumps(calls))
+
+
+def error(out: Path) -> None:
+    calls = []
+
+    def fails_on_process_1(prompts, completions, **kwargs):
+        calls.append(1)
+        if RANK == 1 and len(calls) == 2:
+            raise ValueError("deliberate failure")
+        return [1.0] * len(completions)
+
+    trainer = tiny_trainer(out / "run", 8, reward=fails_on_process_1)
+    try:
+        trainer.train()
+        report = {"type": None}
+    except Exception as err:  # the test checks that both processes name the same error
+        report = {"type": type(err).__name__, "message": str(err)}
+        report["notes"] = getattr(err, "__notes__", [])
+    (out / f"error_rank{RANK}.json").write_text(json.dumps(report))
+
+
+def main(out: Path, phases: list[str]) -> None:
+    for phase in phases:
+        (out / phase).mkdir(parents=True, exist_ok=True)
+        if phase.startswith("equal-"):
+            train_and_record(out / phase, phase.removeprefix("equal-"), per_device=8)
+        else:
+            {"eval": sharded_eval, "dynamic": dynamic, "error": error}[phase](out / phase)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2:])
