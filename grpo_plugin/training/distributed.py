@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -190,6 +190,27 @@ def reduce_metrics(accelerator, metrics: dict[str, float]) -> dict[str, float]:
     if _world(accelerator) == 1:
         return metrics
     return combine_metrics(gather_objects(accelerator, metrics))
+
+
+# --- the training forward ------------------------------------------------------------------------
+def forward_through(accelerator, model: torch.nn.Module, fn: Callable[[torch.nn.Module], Any]):
+    """`fn(policy)` run as the forward of `model` (the policy, or the DDP / DeepSpeed wrapper the
+    Trainer made of it), so the wrapper's forward bookkeeping runs around it.
+
+    `completion_logprobs` calls the decoder body and the LM head itself, never the model's own
+    forward. Called that way under DDP, the gradient-sync hooks would be skipped (DDP only
+    averages gradients after its own forward), and under FSDP2 the root's weights would stay
+    sharded. So the policy's forward is swapped for `fn` for one call of `model`.
+    """
+    policy = accelerator.unwrap_model(model) if accelerator is not None else model
+    saved = policy.__dict__.pop("forward", None)  # accelerate's mixed-precision forward, if any
+    policy.forward = lambda: fn(policy)
+    try:
+        return model()
+    finally:
+        del policy.forward
+        if saved is not None:
+            policy.forward = saved
 
 
 # --- sharded parameters ---------------------------------------------------------------------------

@@ -289,7 +289,7 @@ class GRPOTrainer(Trainer):
     def _add_policy_logps(self, batch: TrainingBatch) -> TrainingBatch:
         """Old log-probs when the rollout is reused after an update; reference ones when beta > 0."""
         if self.args.needs_old_logps:
-            batch.old_logps = self._logps(self.model, batch)[0]
+            batch.old_logps = self._logps(self.model_wrapped, batch)[0]
         if self.args.beta > 0:
             model = self.accelerator.unwrap_model(self.model)
             with reference_mode(model, self.ref_model) as ref:
@@ -319,6 +319,12 @@ class GRPOTrainer(Trainer):
 
     # --- loss ----------------------------------------------------------------------------------
     def _logps(self, model, batch: TrainingBatch, entropy: bool = False):
+        """Completion log-probs (and entropies) of `model`, run through its DDP / FSDP wrapper."""
+        return distributed.forward_through(
+            self.accelerator, model, lambda policy: self._policy_logps(policy, batch, entropy)
+        )
+
+    def _policy_logps(self, model, batch: TrainingBatch, entropy: bool):
         return completion_logprobs(
             model,
             batch.prompt_ids,
