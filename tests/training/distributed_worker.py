@@ -11,6 +11,8 @@ builds `GRPOTrainer`s on the tiny model and records what the tests compare, proc
   and process 1's do not (it never refills) -> OUT/dynamic/calls_rank{k}.json.
 - `error`: process 1's reward raises at the second rollout; each process writes the exception
   it stopped with -> OUT/error_rank{k}.json.
+- `cli=RECIPE`: `grpo-plugin train RECIPE` (what `python -m grpo_plugin` runs) -> its output dir,
+  and each process's stdout in OUT/cli/stdout_rank{k}.txt.
 """
 
 from __future__ import annotations
@@ -81,9 +83,9 @@ def tiny_trainer(out: Path, per_device: int, reward=char_codes, **overrides):
     )
 
 
-def train_and_record(out: Path, loss_type: str, per_device: int) -> None:
+def train_and_record(out: Path, loss_type: str, per_device: int, **overrides) -> None:
     """3 steps; writes the adapter, the completions parquets and grad.pt under `out`."""
-    trainer = tiny_trainer(out, per_device, loss_type=loss_type)
+    trainer = tiny_trainer(out, per_device, loss_type=loss_type, **overrides)
     probe = FirstGradient()
     trainer.add_callback(probe)
     trainer.train()
@@ -92,9 +94,10 @@ def train_and_record(out: Path, loss_type: str, per_device: int) -> None:
         torch.save(probe.grads, out / "grad.pt")
 
 
-def distinct_chars(prompts, completions, **kwargs):
-    """An evaluation reward that varies from prompt to prompt: distinct characters / 8."""
-    return [len(set(c)) / 8 for c in completions]
+def length_score(prompts, completions, **kwargs):
+    """A reward that varies from prompt to prompt: characters / 4 (chat or plain completions)."""
+    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    return [len(text) / 4 for text in texts]
 
 
 def sharded_eval(out: Path) -> None:
@@ -106,7 +109,7 @@ def sharded_eval(out: Path) -> None:
         model,
         trainer.processing_class,
         trainer.train_dataset.select(range(7)),  # 7 prompts: shards of 4 and 3
-        distinct_chars,
+        length_score,
         k=0,
         max_new_tokens=8,
         batch_size=2,
@@ -149,11 +152,26 @@ def error(out: Path) -> None:
     (out / f"error_rank{RANK}.json").write_text(json.dumps(report))
 
 
+def cli(out: Path, recipe: str) -> None:
+    """`grpo-plugin train RECIPE` as `python -m grpo_plugin` runs it; stdout to OUT/stdout_rank{k}."""
+    from contextlib import redirect_stdout
+
+    from grpo_plugin.cli import main as cli_main
+
+    with (out / f"stdout_rank{RANK}.txt").open("w") as fh, redirect_stdout(fh):
+        code = cli_main(["train", recipe])
+    if code:
+        raise SystemExit(code)
+
+
 def main(out: Path, phases: list[str]) -> None:
     for phase in phases:
+        phase, _, arg = phase.partition("=")
         (out / phase).mkdir(parents=True, exist_ok=True)
         if phase.startswith("equal-"):
             train_and_record(out / phase, phase.removeprefix("equal-"), per_device=8)
+        elif phase == "cli":
+            cli(out / phase, arg)
         else:
             {"eval": sharded_eval, "dynamic": dynamic, "error": error}[phase](out / phase)
 

@@ -64,10 +64,30 @@ def launch(args: list[str], tmp: Path, *launch_flags: str) -> subprocess.Complet
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+CLI_RECIPE = """\
+model: {model}
+lora: {{r: 8, lora_alpha: 16, target_modules: all-linear}}
+dataset: {{name: arithmetic, train_size: 8, eval_size: 5}}
+reward_funcs: ["distributed_worker:length_score"]
+eval: {{k: 0, batch_size: 8, before: false}}
+num_generations: 4
+per_device_train_batch_size: 8
+max_steps: 2
+max_completion_length: 6
+log_completions: true
+save_strategy: 'no'
+disable_tqdm: true
+output_dir: {out}
+"""
+
+
 @pytest.fixture(scope="module")
-def two_processes(tmp_path_factory) -> Path:
+def two_processes(tmp_path_factory, tiny_model_dir) -> Path:
+    """One 2-process launch for every test of this file (see distributed_worker.py)."""
     out = tmp_path_factory.mktemp("two-processes")
-    phases = ["equal-grpo", "equal-dapo", "eval", "dynamic", "error"]
+    recipe = out / "tiny.yaml"
+    recipe.write_text(CLI_RECIPE.format(model=tiny_model_dir, out=out / "cli-run"))
+    phases = ["equal-grpo", "equal-dapo", "eval", "dynamic", f"cli={recipe}", "error"]
     proc = launch([str(WORKER), str(out), *phases], out)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out
@@ -128,7 +148,7 @@ def test_sharded_evaluation_equals_one_process(two_processes, tmp_path):
     trainer = worker.tiny_trainer(tmp_path / "eval", 16)
     model = trainer.accelerator.unwrap_model(trainer.model)
     data = trainer.train_dataset.select(range(7))
-    one = evaluate(model, trainer.processing_class, data, worker.distinct_chars, k=0,
+    one = evaluate(model, trainer.processing_class, data, worker.length_score, k=0,
                    max_new_tokens=8, batch_size=2)  # fmt: skip
     two = json.loads((two_processes / "eval" / "eval.json").read_text())
     assert two["n"] == one["n"] == 7
@@ -163,34 +183,15 @@ def test_a_reward_that_raises_on_one_process_stops_both_with_its_error(two_proce
     assert any("process 1 of 2" in note for note in reports[0]["notes"])
 
 
-CLI_RECIPE = """\
-model: {model}
-lora: {{r: 8, lora_alpha: 16, target_modules: all-linear}}
-dataset: {{name: arithmetic, train_size: 8, eval_size: 5}}
-reward_funcs: ["distributed_worker:distinct_chars"]
-eval: {{k: 0, batch_size: 8, reward: "distributed_worker:distinct_chars"}}
-num_generations: 4
-per_device_train_batch_size: 8
-max_steps: 2
-max_completion_length: 6
-log_completions: true
-save_strategy: 'no'
-disable_tqdm: true
-output_dir: {out}
-"""
-
-
-def test_cli_under_accelerate_launch_writes_each_file_once(tiny_model_dir, tmp_path):
+def test_the_cli_on_two_processes_writes_each_file_once(two_processes):
+    """`grpo-plugin train` on 2 processes: one summary, one metrics.jsonl with one line per step,
+    whose reward is the mean over both processes' completions (the gathered parquet)."""
     import pyarrow.parquet as pq
 
-    out = tmp_path / "run"
-    recipe = tmp_path / "tiny.yaml"
-    recipe.write_text(CLI_RECIPE.format(model=tiny_model_dir, out=out))
-    proc = launch(["-m", "grpo_plugin", "train", str(recipe)], tmp_path)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stdout.count("Held-out greedy accuracy") == 1  # one summary, from process 0
-
-    assert [p.name for p in tmp_path.rglob("metrics.jsonl")] == ["metrics.jsonl"]
+    out = two_processes / "cli-run"
+    printed = [(two_processes / "cli" / f"stdout_rank{k}.txt").read_text() for k in range(2)]
+    assert "Held-out greedy accuracy" in printed[0] and printed[1] == ""
+    assert len(list(out.rglob("metrics.jsonl"))) == 1
     rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
     train_rows = [r for r in rows if "reward" in r]
     assert [r["step"] for r in train_rows] == [1, 2]
@@ -199,7 +200,9 @@ def test_cli_under_accelerate_launch_writes_each_file_once(tiny_model_dir, tmp_p
         rewards = table.column("reward").to_pylist()
         prompts = table.column("prompt").to_pylist()
         assert len(rewards) == 16  # 2 processes x 2 prompts x G=4
-        assert len(set(prompts)) == 4  # each prompt's group sampled whole on one process
+        groups = [set(map(str, prompts[i : i + 4])) for i in range(0, 16, 4)]
+        assert all(len(group) == 1 for group in groups)  # each group sampled whole, in one place
+        assert len(set(map(str, prompts))) == 4
         assert row["reward"] == pytest.approx(sum(rewards) / len(rewards), abs=1e-6)
     evaluation = json.loads((out / "eval.json").read_text())
     assert evaluation["after"]["n"] == 5  # shards of 3 and 2, gathered
