@@ -213,6 +213,17 @@ def forward_through(accelerator, model: torch.nn.Module, fn: Callable[[torch.nn.
             policy.forward = saved
 
 
+def shares_prefix(accelerator, requested: bool) -> bool:
+    """Whether the training forward may encode each prompt once for its group (`logprobs.py`).
+
+    Not with grad under FSDP2: the prefix-shared forward runs every layer twice before the
+    backward, and FSDP2 frees a layer's gathered weights after the first of those backwards
+    (measured: "setStorage ... out of bounds for storage of size 0"); the plain forward is used.
+    """
+    sharded = getattr(accelerator, "is_fsdp2", False) and torch.is_grad_enabled()
+    return requested and not sharded
+
+
 # --- sharded parameters ---------------------------------------------------------------------------
 def check_backend(accelerator) -> None:
     """Refuse a backend whose forward passes are collectives we cannot gather out of (ZeRO-3)."""
@@ -245,7 +256,13 @@ def full_parameters(accelerator, model: torch.nn.Module) -> Iterator[torch.nn.Mo
         yield model
         return
     modules = _fsdp2_modules(model)
-    # torch 2.13 FSDP2 internals: the post-forward mesh of each group says whether it reshards.
+    if not modules:  # not wrapped yet (before the Trainer's first prepare): nothing is sharded
+        yield model
+        return
+    # torch 2.13 FSDP2 internals. Generation calls the transformers model inside the peft root,
+    # so the root must be initialised first (else the first layer would make itself the root),
+    # and the post-forward mesh of each group says whether it reshards after a forward.
+    modules[0]._get_fsdp_state()._lazy_init()
     saved = [
         [group.post_forward_mesh_info for group in m._get_fsdp_state()._fsdp_param_groups]
         for m in modules

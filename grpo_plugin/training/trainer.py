@@ -334,7 +334,9 @@ class GRPOTrainer(Trainer):
             temperature=self.args.temperature,
             chunk_size=self.args.logprob_chunk_size,
             group_size=self._share_group,
-            share_prompt_prefix=self.args.share_prompt_prefix,
+            share_prompt_prefix=distributed.shares_prefix(
+                self.accelerator, self.args.share_prompt_prefix
+            ),
             return_entropy=entropy,
         )
 

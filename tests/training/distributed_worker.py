@@ -11,6 +11,7 @@ builds `GRPOTrainer`s on the tiny model and records what the tests compare, proc
   and process 1's do not (it never refills) -> OUT/dynamic/calls_rank{k}.json.
 - `error`: process 1's reward raises at the second rollout; each process writes the exception
   it stopped with -> OUT/error_rank{k}.json.
+- `fsdp2`: one LoRA policy step on torch's FSDP2 (sharded sampling + backward) -> OUT/fsdp2/.
 - `cli=RECIPE`: `grpo-plugin train RECIPE` (what `python -m grpo_plugin` runs) -> its output dir,
   and each process's stdout in OUT/cli/stdout_rank{k}.txt.
 """
@@ -152,6 +153,69 @@ def error(out: Path) -> None:
     (out / f"error_rank{RANK}.json").write_text(json.dumps(report))
 
 
+def sharded_policy_step(model, tokenizer, prompt_index: int, accelerator=None, rounds: int = 1):
+    """Sample G=8 completions of global prompt `prompt_index` (keyed draws) `rounds` times, as a
+    dynamic-sampling refill would, then backpropagate their summed log-probs through the policy
+    as the trainer does. Returns the completion ids."""
+    from grpo_plugin.core.logprobs import completion_logprobs
+    from grpo_plugin.rollout.noise import KeyedNoise, RolloutKey
+    from grpo_plugin.rollout.prompts import sample_groups
+    from grpo_plugin.rollout.types import SamplingParams
+    from grpo_plugin.training.distributed import forward_through, full_parameters, shares_prefix
+
+    noise = KeyedNoise.for_prompts(RolloutKey(0, 0), [prompt_index], 8, 8)
+    model.eval()
+    with full_parameters(accelerator, model):
+        for _ in range(rounds):  # a different number of forward passes on each process
+            rollout = sample_groups(
+                model, tokenizer, [SEVEN_DATA[prompt_index]], SamplingParams(8),
+                num_generations=8, noise=noise,
+            )  # fmt: skip
+    b = rollout.batch
+    model.train()
+    share = shares_prefix(accelerator, True)
+
+    def logps(policy):
+        ids = (b.prompt_ids, b.prompt_mask, b.completion_ids, b.completion_mask)
+        return completion_logprobs(policy, *ids, group_size=8, share_prompt_prefix=share)[0]
+
+    forward_through(accelerator, model, logps).sum().backward()
+    return b.completion_ids
+
+
+def lora_policy():
+    from peft import LoraConfig, get_peft_model
+
+    tokenizer = make_tiny_tokenizer()
+    model = make_tiny_model(tokenizer, initializer_range=0.5)
+    stops = tokenizer.convert_tokens_to_ids(list("abcdefghijklmnopqrstuvwxyz"))
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, *stops]
+    torch.manual_seed(0)
+    return get_peft_model(
+        model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear")
+    ), tokenizer
+
+
+def fsdp2(out: Path) -> None:
+    """torch's FSDP2 on the gloo processes (accelerate 1.15 enables its FSDP plugin on GPUs only):
+    each process samples its own prompt in `full_parameters` (process 0 twice, process 1 once)
+    and backpropagates through `forward_through`; FSDP2 averages the gradients."""
+    from types import SimpleNamespace
+
+    from torch.distributed.fsdp import fully_shard
+
+    model, tokenizer = lora_policy()
+    for layer in model.base_model.model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    accelerator = SimpleNamespace(is_fsdp2=True, unwrap_model=lambda m: m)
+    ids = sharded_policy_step(model, tokenizer, RANK, accelerator, rounds=2 - RANK)
+    grads = {n: p.grad.full_tensor() for n, p in model.named_parameters() if p.grad is not None}
+    if RANK == 0:
+        torch.save(grads, out / "grad.pt")
+    (out / f"ids_rank{RANK}.json").write_text(json.dumps(ids.tolist()))
+
+
 def cli(out: Path, recipe: str) -> None:
     """`grpo-plugin train RECIPE` as `python -m grpo_plugin` runs it; stdout to OUT/stdout_rank{k}."""
     from contextlib import redirect_stdout
@@ -173,7 +237,8 @@ def main(out: Path, phases: list[str]) -> None:
         elif phase == "cli":
             cli(out / phase, arg)
         else:
-            {"eval": sharded_eval, "dynamic": dynamic, "error": error}[phase](out / phase)
+            phases = {"eval": sharded_eval, "dynamic": dynamic, "error": error, "fsdp2": fsdp2}
+            phases[phase](out / phase)
 
 
 if __name__ == "__main__":

@@ -87,7 +87,7 @@ def two_processes(tmp_path_factory, tiny_model_dir) -> Path:
     out = tmp_path_factory.mktemp("two-processes")
     recipe = out / "tiny.yaml"
     recipe.write_text(CLI_RECIPE.format(model=tiny_model_dir, out=out / "cli-run"))
-    phases = ["equal-grpo", "equal-dapo", "eval", "dynamic", f"cli={recipe}", "error"]
+    phases = ["equal-grpo", "equal-dapo", "eval", "dynamic", "fsdp2", f"cli={recipe}", "error"]
     proc = launch([str(WORKER), str(out), *phases], out)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out
@@ -141,6 +141,24 @@ def make_untrained_adapter_distance(trained: dict[str, torch.Tensor], tmp_path: 
     trainer = worker.tiny_trainer(tmp_path / "untrained", 16)
     start = get_peft_model_state_dict(trainer.model)
     return _relative(_flat(start), _flat(trained))
+
+
+def test_fsdp2_policy_step_equals_one_process(two_processes):
+    """torch FSDP2 on 2 gloo processes: sampling with gathered weights (process 0 sampling twice,
+    process 1 once, without a hang) and the training forward through the sharded root give the
+    one-process completions and gradient. (Through accelerate, FSDP needs GPUs: see README.)"""
+    worker = load_script(WORKER, "distributed_worker")
+    model, tokenizer = worker.lora_policy()
+    ids = [worker.sharded_policy_step(model, tokenizer, k) for k in range(2)]  # grads add up
+    for k in range(2):
+        sharded = json.loads((two_processes / "fsdp2" / f"ids_rank{k}.json").read_text())
+        assert sharded == ids[k].tolist()
+    expected = {n: p.grad / 2 for n, p in model.named_parameters() if p.grad is not None}
+    sharded = torch.load(two_processes / "fsdp2" / "grad.pt")
+    assert len(sharded) == len(expected) > 0
+    diff = _relative(_flat(sharded), _flat(expected))
+    assert diff < 1e-5, diff
+    print(f"FSDP2 vs 1 process: gradient {diff:.1e} relative")
 
 
 def test_sharded_evaluation_equals_one_process(two_processes, tmp_path):
