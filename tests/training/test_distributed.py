@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 from accelerate.data_loader import BatchSamplerShard
+from conftest import REPO_ROOT
 from torch.utils.data import BatchSampler
 
 from grpo_plugin.core.batching import PromptBatchSampler
@@ -99,3 +100,17 @@ def test_unpicklable_errors_travel_as_runtime_errors():
     assert type(portable) is RuntimeError and str(portable) == "Local: boom"
     error = ValueError("fine")
     assert distributed._portable(error) is error
+
+
+@pytest.mark.parametrize(
+    "path", sorted((REPO_ROOT / "recipes" / "accelerate").glob("*.yaml")), ids=lambda p: p.name
+)
+def test_accelerate_configs_load_and_say_when_to_use_them(path):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    assert path.read_text().startswith("# "), "a header comment says when to use the config"
+    config = load_config_from_file(str(path))
+    assert config.mixed_precision == "no"  # GRPOConfig.bf16 decides
+    assert config.distributed_type.value in {"MULTI_GPU", "FSDP", "DEEPSPEED"}
+    if config.distributed_type.value == "FSDP":
+        assert config.fsdp_config["fsdp_version"] == 2
