@@ -155,14 +155,9 @@ class GRPOTrainer(Trainer):
         dataset = train_dataset if train_dataset is not None else self.train_dataset
         a = self.args
         repeats = a.steps_per_generation * a.num_iterations
-        return PromptBatchSampler(
-            len(dataset),
-            a.prompts_per_generation,
-            repeats,
-            a.shuffle_dataset,
-            a.seed,
-            num_shards=a.world_size,  # each process gets its own shard of every rollout's prompts
-        )
+        # one shard of every rollout's prompts per process (a.world_size of them)
+        P, shuffle = a.prompts_per_generation, a.shuffle_dataset
+        return PromptBatchSampler(len(dataset), P, repeats, shuffle, a.seed, a.world_size)
 
     def get_train_dataloader(self):
         if self.train_dataset is None:
