@@ -82,7 +82,10 @@ def cmd_train(argv: Sequence[str]) -> int:
         evaluation = train_recipe(recipe, rewards)
     except RecipeError as err:
         return fail(str(err))
-    print("\n".join(summary_lines(evaluation, Path(recipe.config.output_dir))))
+    from .training.distributed import is_main_process
+
+    if is_main_process():  # under `accelerate launch`, one summary, not one per process
+        print("\n".join(summary_lines(evaluation, Path(recipe.config.output_dir))))
     return 0
 
 

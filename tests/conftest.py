@@ -91,6 +91,12 @@ def frac_sevens(prompts, completions, completion_ids=None, **kwargs):
     return [c.count("7") / max(1, len(c)) for c in completions]
 
 
+def char_codes(prompts, completions, completion_ids=None, **kwargs):
+    """A reward that differs between (almost) any two completions: the mean character code / 128.
+    For tests that need a non-zero advantage at the first step, whatever the sampled draws."""
+    return [sum(map(ord, c)) / (128 * max(1, len(c))) for c in completions]
+
+
 def tiny_config(tmp_path, **overrides):
     """A GRPOConfig for 2 quick steps on a tiny model (16 completions = 2 prompts x G=8)."""
     from grpo_plugin import GRPOConfig

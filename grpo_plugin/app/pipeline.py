@@ -76,6 +76,7 @@ def _evaluate(trainer, dataset, reward_fn: Callable, recipe: Recipe) -> dict[str
     spec.setdefault("temperature", recipe.config.temperature)
     spec.setdefault("seed", recipe.config.seed)
     model = trainer.accelerator.unwrap_model(trainer.model)
+    spec["accelerator"] = trainer.accelerator  # sharded over the processes, then gathered
     result = evaluate(model, trainer.processing_class, dataset, reward_fn, **spec)
     keep = ("accuracy", "n") + tuple(k for k in result if k.startswith("pass@"))
     return {k: result[k] for k in keep if k in result}
@@ -188,9 +189,10 @@ def train_recipe(recipe: Recipe, rewards: list[Callable]) -> dict[str, Any]:
     if held_out is not None:
         evaluation["after"] = _evaluate(trainer, held_out, eval_fn, recipe)
     evaluation.update(training_evaluations(trainer, evaluation))
-    rundir.write_json(out / rundir.EVAL_FILE, evaluation)
-    write_recipe_copy(recipe, out)
-    plot_reward_curve(out)
-    write_model_card(out)
+    if trainer.is_world_process_zero():  # one writer (several processes run this function)
+        rundir.write_json(out / rundir.EVAL_FILE, evaluation)
+        write_recipe_copy(recipe, out)
+        plot_reward_curve(out)
+        write_model_card(out)
     evaluation["total_seconds"] = round(time.perf_counter() - start, 1)
     return evaluation

@@ -5,6 +5,12 @@ time, and repeats each such batch once per micro-step that trains on it
 (`steps_per_generation * num_iterations`). The trainer samples G completions per prompt on the
 first repeat and slices its buffer on the others. Unlike TRL's RepeatSampler the G copies of a
 prompt are never materialised as dataset rows: the rollout layer prefills each prompt once.
+
+On W processes a rollout's global block of P * W prompts is cut into W shards of P, so every
+process samples whole groups for its own prompts and the global set of prompts per step does not
+depend on W. The shards are yielded in process order, one dataloader batch each: accelerate's
+`BatchSamplerShard` (the default `split_batches=False`) hands batch i to process i mod W, so
+process k receives shard k of every block (its prompts are global positions k*P .. k*P + P - 1).
 """
 
 from __future__ import annotations
@@ -17,10 +23,12 @@ from torch.utils.data import Sampler
 
 
 class PromptBatchSampler(Sampler[int]):
-    """Yields shuffled prompt indices in blocks of `prompts_per_batch`, each block `repeats` times.
+    """Yields shuffled prompt indices in blocks of `prompts_per_batch * num_shards`, each block
+    `repeats` times, every repeat as `num_shards` consecutive shards of `prompts_per_batch`.
 
     Only whole blocks are produced. `set_epoch` reseeds the shuffle, so a resumed run sees the same
-    order as the original one (the Trainer skips the batches it already trained on).
+    order as the original one (the Trainer skips the batches it already trained on). The order of
+    the blocks depends on the seed and the epoch only, not on `num_shards`.
     """
 
     def __init__(
@@ -30,13 +38,17 @@ class PromptBatchSampler(Sampler[int]):
         repeats: int,
         shuffle: bool = True,
         seed: int = 0,
+        num_shards: int = 1,
     ):
-        if num_rows < prompts_per_batch:
+        block = prompts_per_batch * num_shards
+        if num_rows < block:
+            on = f" on {num_shards} processes" if num_shards > 1 else ""
             raise ValueError(
-                f"The training dataset has {num_rows} prompts but one rollout needs "
-                f"{prompts_per_batch}; add prompts or lower per_device_train_batch_size."
+                f"The training dataset has {num_rows} prompts but one rollout{on} needs "
+                f"{block}; add prompts or lower per_device_train_batch_size."
             )
         self.num_rows, self.prompts_per_batch, self.repeats = num_rows, prompts_per_batch, repeats
+        self.num_shards = num_shards
         self.shuffle, self.seed, self.epoch = shuffle, seed, 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -49,14 +61,15 @@ class PromptBatchSampler(Sampler[int]):
         return torch.randperm(self.num_rows, generator=gen).tolist()
 
     def __iter__(self) -> Iterator[int]:
-        order = self._order()
-        for b in range(len(self) // (self.prompts_per_batch * self.repeats)):
-            block = order[b * self.prompts_per_batch : (b + 1) * self.prompts_per_batch]
+        order, size = self._order(), self.prompts_per_batch * self.num_shards
+        for b in range(self.num_rows // size):
+            block = order[b * size : (b + 1) * size]  # shard k is block[k*P : (k+1)*P]
             for _ in range(self.repeats):
                 yield from block
 
     def __len__(self) -> int:
-        return (self.num_rows // self.prompts_per_batch) * self.prompts_per_batch * self.repeats
+        size = self.prompts_per_batch * self.num_shards
+        return (self.num_rows // size) * size * self.repeats
 
 
 def identity_collate(rows: list[dict]) -> list[dict]:

@@ -6,7 +6,9 @@
 - with `share_prompt_prefix`, each distinct prompt is prefilled ONCE (P rows) and its KV cache is
   expanded to its G rows with `Cache.batch_repeat_interleave`; TRL without vLLM prefills N = P*G
   rows (the same prompt G times);
-- next tokens are chosen by `sampler.next_tokens` (HF's processor order, one uniform per row);
+- next tokens are chosen by `sampler.next_tokens` (HF's processor order, one uniform per row per
+  step from a noise source, `noise.py`: keyed on the prompt for training, so a row's draws never
+  depend on the batch layout);
 - decoding stops at ANY eos id, finished rows leave the batch (and the KV cache) once they are a
   quarter of it, and the loop ends as soon as every row has finished.
 """
@@ -28,6 +30,7 @@ from .._compat import (
 )
 from .._logging import warn_once
 from ..core.tensors import left_pad, position_ids_from_mask
+from .noise import GeneratorNoise, SamplingNoise
 from .sampler import next_tokens
 from .types import RolloutBatch, SamplingParams
 
@@ -89,17 +92,20 @@ def generate_groups(
     pad_token_id: int | None,
     share_prompt_prefix: bool = True,
     generator: torch.Generator | None = None,
+    noise: SamplingNoise | None = None,
 ) -> RolloutBatch:
     """Sample `num_generations` completions for each prompt (rows p*G .. p*G+G-1 share prompt p).
 
     Runs under `torch.inference_mode`; the returned tensors are ordinary (cloned) tensors, so they
     can feed a forward pass with grad. `pad_token_id=None` falls back to the first eos id (models
-    without a pad token). The model's train/eval mode is left as it is.
+    without a pad token). The model's train/eval mode is left as it is. The sampling uniforms come
+    from `noise` (one row per completion, e.g. `KeyedNoise`), else from `generator` in call order.
     """
     eos_token_ids = list(eos_token_ids)
     _check_prompts(prompt_ids, num_generations, eos_token_ids)
     pad_id = eos_token_ids[0] if pad_token_id is None else int(pad_token_id)
     keep_bnb_4bit_weights_trainable(model)
+    noise = noise if noise is not None else GeneratorNoise(generator)
     batch = _generate(
         model,
         prompt_ids,
@@ -107,7 +113,7 @@ def generate_groups(
         eos_token_ids,
         pad_id,
         sampling,
-        generator,
+        noise,
         share_prompt_prefix,
     )
     for name in RolloutBatch.ROW_FIELDS:
@@ -116,8 +122,9 @@ def generate_groups(
 
 
 @torch.inference_mode()
-def _generate(model, prompt_ids, group, eos_token_ids, pad_id, sampling, generator, share):
+def _generate(model, prompt_ids, group, eos_token_ids, pad_id, sampling, noise, share):
     device = next(unwrap_peft(model).parameters()).device
+    noise = noise.to(device)
     unique_ids, unique_mask = left_pad(prompt_ids, pad_id, device)  # (P, Lp)
     ids = unique_ids.repeat_interleave(group, 0)  # (N, Lp)
     mask = unique_mask.repeat_interleave(group, 0)  # (N, Lp)
@@ -137,7 +144,8 @@ def _generate(model, prompt_ids, group, eos_token_ids, pad_id, sampling, generat
     finished = torch.zeros(rows, dtype=torch.bool, device=device)  # (N,)
     tokens, live = [], []
     for step in range(sampling.max_new_tokens):
-        picked = next_tokens(logits, seen, sampling, generator)  # (A,)
+        uniforms = None if sampling.greedy else noise.uniforms(active, step)  # (A,)
+        picked = next_tokens(logits, seen, sampling, uniforms)  # (A,)
         step_tokens = torch.full((rows,), pad_id, dtype=picked.dtype, device=device)
         step_tokens[active] = picked
         step_tokens = step_tokens.masked_fill(finished, pad_id)  # (N,)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from .generation import generate_groups
+from .noise import SamplingNoise
 from .types import Rollout, RolloutBatch, SamplingParams
 
 
@@ -69,6 +70,7 @@ def sample_groups(
     chat_template_kwargs: dict[str, Any] | None = None,
     share_prompt_prefix: bool = True,
     generator: torch.Generator | None = None,
+    noise: SamplingNoise | None = None,
 ) -> Rollout:
     """Sample G completions for each dataset row and decode them (an unscored `Rollout`)."""
     prompt_ids = encode_prompts(
@@ -86,6 +88,7 @@ def sample_groups(
         pad_token_id=tokenizer.pad_token_id,
         share_prompt_prefix=share_prompt_prefix,
         generator=generator,
+        noise=noise,
     )
     repeated = [r for r in rows for _ in range(num_generations)]
     prompts = [r["prompt"] for r in repeated]

@@ -1,9 +1,9 @@
 """Next-token selection: repetition penalty, temperature, top-k, top-p, then one uniform per row.
 
-Randomness is one uniform per row per step from a `torch.Generator`, turned into a token by
-inverse-CDF. Paths that decode the same rows in a different layout (prefix-shared or not, rows
-dropped from the batch or not) therefore consume identical draws and pick identical tokens, which
-is what makes those optimisations testable as exact (HF's `torch.multinomial` draws differ).
+Randomness is one uniform per row per step, given by the caller (see `noise.py`), turned into a
+token by inverse-CDF. Paths that decode the same rows in a different layout (prefix-shared or
+not, rows dropped from the batch or not) therefore get identical draws and pick identical tokens,
+which is what makes those optimisations testable as exact (HF's `torch.multinomial` draws differ).
 
 Departure from HF: the repetition penalty only counts real prompt tokens (HF also counts the
 left padding).
@@ -48,25 +48,17 @@ def sample_inverse_cdf(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Lo
     return tokens.clamp(max=logits.size(-1) - 1)
 
 
-def draw_uniforms(
-    rows: int, generator: torch.Generator | None, device: torch.device
-) -> torch.Tensor:
-    """`(rows,)` uniforms from `generator` (on its own device), moved to `device`."""
-    gen_device = generator.device if generator is not None else device
-    return torch.rand(rows, generator=generator, device=gen_device).to(device)
-
-
 def next_tokens(
     logits: torch.Tensor,
     seen: torch.Tensor | None,
     sampling: SamplingParams,
-    generator: torch.Generator | None,
+    uniforms: torch.Tensor | None,
 ) -> torch.LongTensor:
-    """`(B, V)` float logits -> `(B,)` tokens: penalty, then greedy or filtered inverse-CDF."""
+    """`(B, V)` float logits -> `(B,)` tokens: penalty, then greedy or filtered inverse-CDF on
+    `uniforms` `(B,)` (unused, and may be None, when greedy)."""
     if seen is not None:
         logits = apply_repetition_penalty(logits, seen, sampling.repetition_penalty)
     if sampling.greedy:
         return logits.argmax(dim=-1)
     filtered = filter_top_k_top_p(logits / sampling.temperature, sampling.top_k, sampling.top_p)
-    uniforms = draw_uniforms(logits.size(0), generator, logits.device)
     return sample_inverse_cdf(filtered, uniforms)

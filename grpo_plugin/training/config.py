@@ -24,6 +24,7 @@ from transformers import TrainingArguments
 from ..core.objectives import ESTIMATORS, LOSS_TYPES, check_loss_hyperparameters
 from ..core.objectives import IMPORTANCE_SAMPLING_LEVELS as IMPORTANCE_LEVELS
 from ..rollout.types import SamplingParams
+from .distributed import launched_without_accelerators
 
 logger = logging.getLogger(__name__)
 SCALE_REWARDS = ("group", "batch", "none")
@@ -235,6 +236,8 @@ class GRPOConfig(TrainingArguments):
             self.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
         if not torch.cuda.is_available():
             self.dataloader_pin_memory = False  # avoids torch's warning; nothing to pin to
+        if launched_without_accelerators():  # several CPU processes: gloo, not N separate runs
+            self.use_cpu = True
         if isinstance(self.scale_rewards, bool):  # TRL accepts True/False
             self.scale_rewards = "group" if self.scale_rewards else "none"
         if self.gradient_checkpointing and self.gradient_checkpointing_kwargs is None:

@@ -68,6 +68,59 @@ def _score_batches(
     return per_prompt
 
 
+def _score_prompts(
+    model, tokenizer, dataset, reward_fn, *, k, num_samples, max_new_tokens, batch_size,
+    temperature, seed,
+) -> tuple[list[float], list[list[float]] | None]:  # fmt: skip
+    """Per prompt: the greedy reward, and the rewards of `num_samples` samples (None when k=0)."""
+    greedy_params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
+    greedy = _score_batches(
+        model, tokenizer, dataset, reward_fn, greedy_params, num_return=1, batch_size=batch_size
+    )
+    if not k:
+        return [r[0] for r in greedy], None
+    generator = torch.Generator(device=model.device).manual_seed(seed)
+    sampled_params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
+    sampled = _score_batches(
+        model,
+        tokenizer,
+        dataset,
+        reward_fn,
+        sampled_params,
+        num_return=num_samples,
+        batch_size=batch_size,
+        generator=generator,
+    )
+    return [r[0] for r in greedy], sampled
+
+
+def _summarize(rewards, sampled, *, k, num_samples, success_threshold) -> dict[str, float | int]:
+    result: dict[str, float | int] = {
+        "n": len(rewards),
+        "accuracy": sum(_is_correct(r, success_threshold) for r in rewards) / len(rewards),
+        "mean_reward": sum(r for r in rewards if not math.isnan(r)) / len(rewards),
+    }
+    if sampled is not None:
+        correct = [sum(_is_correct(r, success_threshold) for r in row) for row in sampled]
+        scores = [pass_at_k(num_samples, c, k) for c in correct]
+        result.update({f"pass@{k}": sum(scores) / len(scores), "k": k, "num_samples": num_samples})
+    return result
+
+
+def _score_sharded(accelerator, model, tokenizer, dataset, reward_fn, **kwargs):
+    """Each process scores its contiguous shard of the prompts; the per-prompt results of all
+    processes are gathered in dataset order (the same on every process)."""
+    from .distributed import full_parameters, gather_objects
+
+    shard = dataset.shard(accelerator.num_processes, accelerator.process_index, contiguous=True)
+    with full_parameters(accelerator, model):
+        local = _score_prompts(model, tokenizer, shard, reward_fn, **kwargs) if len(shard) else None
+    parts = [part for part in gather_objects(accelerator, local) if part is not None]
+    rewards = [r for greedy, _ in parts for r in greedy]
+    sampled = None if not kwargs["k"] else [row for _, rows in parts for row in rows]
+    return rewards, sampled
+
+
 def evaluate(
     model,
     tokenizer,
@@ -81,6 +134,7 @@ def evaluate(
     temperature: float = 1.0,
     success_threshold: float = 1.0,
     seed: int = 0,
+    accelerator=None,
 ) -> dict[str, float | int]:
     """Greedy accuracy and pass@k of `model` on `dataset` (needs a `prompt` column).
 
@@ -89,6 +143,10 @@ def evaluate(
     prompt at `temperature`, drawn from a generator seeded with `seed` (the global RNG is not
     touched); `batch_size` bounds the number of sequences generated at once. The model's
     train/eval mode is left as it was.
+
+    With an `accelerator` of several processes (every process calls this), each process scores
+    a shard of the prompts and the results are gathered: greedy accuracy is that of one process
+    (greedy decoding does not depend on the shard); the pass@k samples are drawn per shard.
     """
     if "prompt" not in dataset.column_names:
         raise ValueError(
@@ -99,37 +157,19 @@ def evaluate(
     num_samples = num_samples or k
     if k and num_samples < k:
         raise ValueError(f"num_samples={num_samples} must be >= k={k} for pass@k")
+    options = dict(k=k, num_samples=num_samples, max_new_tokens=max_new_tokens)
+    options.update(batch_size=batch_size, temperature=temperature, seed=seed)
     was_training = model.training
     model.eval()
     try:
-        greedy_params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
-        greedy = _score_batches(
-            model, tokenizer, dataset, reward_fn, greedy_params, num_return=1, batch_size=batch_size
-        )
-        rewards = [r[0] for r in greedy]
-        result: dict[str, float | int] = {
-            "n": len(dataset),
-            "accuracy": sum(_is_correct(r, success_threshold) for r in rewards) / len(rewards),
-            "mean_reward": sum(r for r in rewards if not math.isnan(r)) / len(rewards),
-        }
-        if k:
-            generator = torch.Generator(device=model.device).manual_seed(seed)
-            sampled_params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
-            sampled = _score_batches(
-                model,
-                tokenizer,
-                dataset,
-                reward_fn,
-                sampled_params,
-                num_return=num_samples,
-                batch_size=batch_size,
-                generator=generator,
+        if accelerator is not None and accelerator.num_processes > 1:
+            rewards, sampled = _score_sharded(
+                accelerator, model, tokenizer, dataset, reward_fn, **options
             )
-            correct = [sum(_is_correct(r, success_threshold) for r in row) for row in sampled]
-            scores = [pass_at_k(num_samples, c, k) for c in correct]
-            result.update(
-                {f"pass@{k}": sum(scores) / len(scores), "k": k, "num_samples": num_samples}
-            )
-        return result
+        else:
+            rewards, sampled = _score_prompts(model, tokenizer, dataset, reward_fn, **options)
     finally:
         model.train(was_training)
+    return _summarize(
+        rewards, sampled, k=k, num_samples=num_samples, success_threshold=success_threshold
+    )

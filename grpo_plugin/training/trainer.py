@@ -23,6 +23,7 @@ import copy
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +42,10 @@ from ..core.batching import (
 from ..core.logprobs import completion_logprobs
 from ..core.objectives import group_advantages, policy_loss
 from ..rollout.dynamic_sampling import refill
+from ..rollout.noise import KeyedNoise, RolloutKey
 from ..rollout.prompts import sample_groups
 from ..rollout.types import Rollout, TrainingBatch
-from . import rundir
+from . import distributed, rundir
 from .callbacks import MetricsJsonlCallback, RichProgressCallback
 from .config import GRPOConfig
 from .eval_setup import (
@@ -128,6 +130,7 @@ class GRPOTrainer(Trainer):
         self._replace_default_callbacks()
         self.eval_watch = RewardHackingCallback(prefixed("accuracy", (eval_sets or [""])[0]))
         self.add_callback(self.eval_watch)
+        distributed.check_backend(self.accelerator)
         if self.ref_model is not None:
             self.ref_model.to(self.args.device)
         self.loss_is_scaled_for_ga = False  # the Trainer divides each micro-loss by GA
@@ -137,7 +140,7 @@ class GRPOTrainer(Trainer):
         self._seen_step, self._micro = -1, 0
         self._zero_std_streak = 0
         self._loss_tokens_per_slice = 1.0  # dapo's normaliser for the current rollout
-        self._rng = torch.Generator().manual_seed(args.seed)
+        self._rollout_key = RolloutKey(args.seed, 0)  # keys every random draw of a rollout
         self._share_group = shared_group_size(
             args.num_generations, args.per_device_train_batch_size
         )
@@ -168,9 +171,9 @@ class GRPOTrainer(Trainer):
         dataset = train_dataset if train_dataset is not None else self.train_dataset
         a = self.args
         repeats = a.steps_per_generation * a.num_iterations
-        return PromptBatchSampler(
-            len(dataset), a.prompts_per_generation, repeats, a.shuffle_dataset, a.seed
-        )
+        # one shard of every rollout's prompts per process (a.world_size of them)
+        P, shuffle = a.prompts_per_generation, a.shuffle_dataset
+        return PromptBatchSampler(len(dataset), P, repeats, shuffle, a.seed, a.world_size)
 
     def get_train_dataloader(self):
         if self.train_dataset is None:
@@ -191,29 +194,40 @@ class GRPOTrainer(Trainer):
             self._seen_step, self._micro = self.state.global_step, 0
         micro = self.state.global_step * a.gradient_accumulation_steps + self._micro
         self._micro += 1
-        if micro % (a.steps_per_generation * a.num_iterations) == 0 or self._buffer is None:
+        per_rollout = a.steps_per_generation * a.num_iterations
+        if micro % per_rollout == 0 or self._buffer is None:
+            self._rollout_key = RolloutKey(a.seed, micro // per_rollout)
             self._buffer = self._build_rollout(rows)
         index = micro % a.steps_per_generation
         return self._buffer.micro_batch(index, a.per_device_train_batch_size)
 
     # --- one rollout, step by step -------------------------------------------------------------
     def _build_rollout(self, rows: list[dict]) -> TrainingBatch:
-        rollout = self._sample_and_score(rows)
-        self._record_reward_metrics(rollout)
-        if self.args.dynamic_sampling:
-            rollout = self._refill(rollout)
+        # Local phase: no collective inside, so processes may refill a different number of rounds;
+        # an error on any process is raised on every process once it ends (distributed.py).
+        with distributed.failures_shared(self.accelerator):
+            with distributed.full_parameters(self.accelerator, self.model):
+                sampled = self._sample_and_score(rows, self._rollout_key)
+                rollout = self._refill(sampled) if self.args.dynamic_sampling else sampled
+        self._record_reward_metrics(sampled)
         batch = self._training_batch(rollout).to(self.args.device)
         batch = self._add_policy_logps(batch)
         if self.args.log_completions:
             self._write_completions(rollout, batch.advantages)
         batch = self._shuffle_for_reuse(batch)
-        self._loss_tokens_per_slice = float(batch.loss_mask.sum()) / self.args.steps_per_generation
+        # dapo's normaliser: the global rollout's loss tokens per micro-slice and process
+        tokens = distributed.mean_over_processes(self.accelerator, float(batch.loss_mask.sum()))
+        self._loss_tokens_per_slice = tokens / self.args.steps_per_generation
         return batch
 
-    def _sample_and_score(self, rows: list[dict]) -> Rollout:
+    def _sample_and_score(self, rows: list[dict], key: RolloutKey) -> Rollout:
         a = self.args
         t0 = time.perf_counter()
         model = self.accelerator.unwrap_model(self.model)
+        # draws keyed on each prompt's position in the global batch: the same on any process count
+        first = distributed.global_prompt_offset(self.accelerator, a.prompts_per_generation)
+        indices = range(first, first + len(rows))
+        noise = KeyedNoise.for_prompts(key, indices, a.num_generations, a.max_completion_length)
         with eval_mode(model):
             rollout = sample_groups(
                 model,
@@ -224,7 +238,7 @@ class GRPOTrainer(Trainer):
                 max_prompt_length=a.max_prompt_length,
                 chat_template_kwargs=a.chat_template_kwargs,
                 share_prompt_prefix=a.share_prompt_prefix,
-                generator=self._rng,
+                noise=noise,
             )
         t1 = time.perf_counter()
         score_rollout(rollout, self.reward_funcs, self.reward_weights)
@@ -235,13 +249,15 @@ class GRPOTrainer(Trainer):
         return rollout
 
     def _record_reward_metrics(self, rollout: Rollout) -> None:
-        metrics = reward_metrics(rollout, self.reward_names)
+        pad_id = self.processing_class.pad_token_id
+        rollout, _ = distributed.gather_rollout(self.accelerator, rollout, pad_id)
+        metrics = reward_metrics(rollout, self.reward_names)  # over every process's completions
         self._metrics.update(metrics)
         self._warn_on_zero_std(metrics["frac_reward_zero_std"])
 
     def _warn_on_zero_std(self, frac_zero: float) -> None:
         self._zero_std_streak = self._zero_std_streak + 1 if frac_zero >= 1.0 else 0
-        if self._zero_std_streak == self.args.zero_std_patience:
+        if self._zero_std_streak == self.args.zero_std_patience and self.is_world_process_zero():
             logger.warning(
                 "For %d rollouts in a row every group's G rewards were identical, so every advantage "
                 "and the policy loss are 0 and nothing is learned. The task is too hard or too easy "
@@ -251,11 +267,13 @@ class GRPOTrainer(Trainer):
             )
 
     def _refill(self, rollout: Rollout) -> Rollout:
-        a = self.args
+        a, rounds = self.args, iter(range(1, self.args.max_resample_rounds + 1))
 
         def fresh(k: int) -> Rollout:
-            idx = torch.randperm(len(self.train_dataset), generator=self._rng)[:k].tolist()
-            return self._sample_and_score([self.train_dataset[i] for i in idx])
+            key = replace(self._rollout_key, round=next(rounds))
+            order = torch.randperm(len(self.train_dataset), generator=key.generator("refill"))
+            idx = distributed.own_share(order.tolist(), self.accelerator)[:k]  # disjoint shares
+            return self._sample_and_score([self.train_dataset[i] for i in idx], key)
 
         pad_id = self.processing_class.pad_token_id
         rollout, filtered = refill(rollout, a.num_generations, fresh, a.max_resample_rounds, pad_id)
@@ -282,7 +300,7 @@ class GRPOTrainer(Trainer):
     def _add_policy_logps(self, batch: TrainingBatch) -> TrainingBatch:
         """Old log-probs when the rollout is reused after an update; reference ones when beta > 0."""
         if self.args.needs_old_logps:
-            batch.old_logps = self._logps(self.model, batch)[0]
+            batch.old_logps = self._logps(self.model_wrapped, batch)[0]
         if self.args.beta > 0:
             model = self.accelerator.unwrap_model(self.model)
             with reference_mode(model, self.ref_model) as ref:
@@ -290,6 +308,10 @@ class GRPOTrainer(Trainer):
         return batch
 
     def _write_completions(self, rollout: Rollout, advantages: torch.Tensor) -> None:
+        pad_id = self.processing_class.pad_token_id
+        rollout, advantages = distributed.gather_rollout(
+            self.accelerator, rollout, pad_id, advantages
+        )
         if not self.is_world_process_zero():
             return
         step = self.state.global_step
@@ -303,10 +325,17 @@ class GRPOTrainer(Trainer):
         reused = a.num_iterations > 1 or a.steps_per_generation > 1
         if not reused or a.per_device_train_batch_size % G:
             return batch
-        return batch.select(group_permutation(len(batch), G, self._rng).to(batch.advantages.device))
+        order = group_permutation(len(batch), G, self._rollout_key.generator("shuffle"))
+        return batch.select(order.to(batch.advantages.device))
 
     # --- loss ----------------------------------------------------------------------------------
     def _logps(self, model, batch: TrainingBatch, entropy: bool = False):
+        """Completion log-probs (and entropies) of `model`, run through its DDP / FSDP wrapper."""
+        return distributed.forward_through(
+            self.accelerator, model, lambda policy: self._policy_logps(policy, batch, entropy)
+        )
+
+    def _policy_logps(self, model, batch: TrainingBatch, entropy: bool):
         return completion_logprobs(
             model,
             batch.prompt_ids,
@@ -316,7 +345,9 @@ class GRPOTrainer(Trainer):
             temperature=self.args.temperature,
             chunk_size=self.args.logprob_chunk_size,
             group_size=self._share_group,
-            share_prompt_prefix=self.args.share_prompt_prefix,
+            share_prompt_prefix=distributed.shares_prefix(
+                self.accelerator, self.args.share_prompt_prefix
+            ),
             return_entropy=entropy,
         )
 
@@ -365,7 +396,8 @@ class GRPOTrainer(Trainer):
     # --- logging, evaluation, saving ------------------------------------------------------------
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:  # a training log: add this window's rollout metrics
-            logs.update(self._metrics.flush(self.state.global_step))
+            window = self._metrics.flush(self.state.global_step)
+            logs.update(distributed.reduce_metrics(self.accelerator, window))
         super().log(logs, start_time)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):

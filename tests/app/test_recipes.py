@@ -18,7 +18,12 @@ from grpo_plugin.app.recipe import (
 )
 
 ROOT = REPO_ROOT
-RECIPES = sorted((ROOT / "recipes").rglob("*.yaml")) + sorted((ROOT / "recipes").rglob("*.yml"))
+ACCELERATE = ROOT / "recipes" / "accelerate"  # launcher configs, not recipes (test_distributed.py)
+RECIPES = [
+    p
+    for p in sorted((ROOT / "recipes").rglob("*.yaml")) + sorted((ROOT / "recipes").rglob("*.yml"))
+    if ACCELERATE not in p.parents
+]
 GSM8K_LOCAL = [
     "--dataset.path", str(GSM8K_DIR / "train.jsonl"),
     "--dataset.eval_path", str(GSM8K_DIR / "test.jsonl"),

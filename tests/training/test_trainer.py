@@ -7,7 +7,15 @@ import logging
 
 import pytest
 import torch
-from conftest import SEVEN_DATA, frac_sevens, make_tiny_model, make_trainer, tiny_config, tiny_lora
+from conftest import (
+    SEVEN_DATA,
+    char_codes,
+    frac_sevens,
+    make_tiny_model,
+    make_trainer,
+    tiny_config,
+    tiny_lora,
+)
 
 from grpo_plugin import GRPOTrainer
 from grpo_plugin.training.scoring import RewardFunctionError
@@ -73,6 +81,7 @@ def test_gradient_checkpointing_runs(policy, tiny_tokenizer, tmp_path):
     trainer = make_trainer(
         tiny_tokenizer,
         tmp_path,
+        char_codes,  # a non-zero advantage at step 1 whatever the draws
         model=model,
         peft=None if policy == "full" else tiny_lora(),
         max_steps=1,
@@ -189,7 +198,7 @@ def test_reused_rollouts_compute_old_logps(tiny_tokenizer, tmp_path):
     trainer = make_trainer(
         tiny_tokenizer,
         tmp_path,
-        frac_sevens,
+        char_codes,  # a non-zero advantage at step 1 whatever the draws
         init_range=0.3,
         num_iterations=2,
         beta=0.04,

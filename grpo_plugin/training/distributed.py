@@ -1,0 +1,279 @@
+"""Several processes, one run: the rules that make N processes train like one, and their helpers.
+
+`accelerate launch --num_processes N` starts N copies of the same program; accelerate (DDP,
+FSDP2, DeepSpeed ZeRO-2) averages the gradients. What the trainer adds, and where it lives:
+
+- Groups never span processes. `PromptBatchSampler(num_shards=N)` cuts each rollout's global
+  block of P * N prompts into N shards of P; process k samples G completions for global prompts
+  k*P .. k*P + P - 1 (`global_prompt_offset`). The global prompts of a step do not depend on N.
+- Loss normalisation is global. Every process trains on the same number of rows, so the mean of
+  the per-process `grpo` / `dr_grpo` losses (what averaging the gradients computes) is the
+  one-process loss; `dapo` divides by the token count of the whole global rollout
+  (`mean_over_processes` of the per-process counts, times N, see the trainer).
+- Metrics are global. Reward metrics are computed from every process's completions
+  (`gather_rollout`), the others averaged over processes (`combine_metrics`) before logging.
+- One writer. Process 0 alone writes files (`is_main_process`); the completions parquet holds
+  every process's completions, gathered.
+- Collectives are reached by every process the same number of times. Sampling, scoring and the
+  dynamic-sampling refills run with no collective inside (sharded parameters are gathered once
+  before, `full_parameters`), so processes may refill a different number of rounds. The local
+  phase ends with `failures_shared`, which every process reaches once: an exception on one
+  process is raised on all of them (the same type and message), instead of a hang.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from ..rollout.dynamic_sampling import concat_rollouts
+from ..rollout.types import Rollout, RolloutBatch
+
+logger = logging.getLogger(__name__)
+
+# Per-process metrics whose global value is the sum over processes, not the mean.
+SUMMED_METRICS = ("dynamic_sampling/filtered_groups", "generation/tokens_per_s")
+
+
+def launched_without_accelerators() -> bool:
+    """True in a process of a multi-process launch on a machine with no GPU (or other device).
+
+    `accelerate launch --cpu` starts several CPU processes only through mpirun; `accelerate launch
+    --multi_gpu` and `torchrun` start them on any machine, but accelerate then sees no GPU and
+    runs each process as a separate one-process job (N runs writing the same files). GRPOConfig
+    turns on `use_cpu` in this case, which selects accelerate's MULTI_CPU mode (gloo).
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    return torch.accelerator.current_accelerator() is None
+
+
+def _world(accelerator) -> int:
+    return accelerator.num_processes if accelerator is not None else 1
+
+
+def is_main_process(accelerator=None) -> bool:
+    """True on process 0 (and in a plain one-process run): the one process that writes files."""
+    if accelerator is not None:
+        return accelerator.is_main_process
+    from accelerate import PartialState
+
+    return PartialState().is_main_process
+
+
+def global_prompt_offset(accelerator, prompts_per_process: int) -> int:
+    """Global batch position of this process's first prompt (see `PromptBatchSampler`)."""
+    return accelerator.process_index * prompts_per_process if _world(accelerator) > 1 else 0
+
+
+def own_share(items: Sequence[Any], accelerator) -> list[Any]:
+    """This process's share of a list every process computed alike: items k, k+N, k+2N, ...
+    (disjoint across processes, e.g. the fresh prompts a dynamic-sampling refill draws from)."""
+    world = _world(accelerator)
+    return list(items[accelerator.process_index :: world]) if world > 1 else list(items)
+
+
+def gather_objects(accelerator, obj: Any) -> list[Any]:
+    """Every process's `obj` (picklable, on the CPU), in process order. A collective."""
+    world = _world(accelerator)
+    if world == 1:
+        return [obj]
+    out: list[Any] = [None] * world
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+def mean_over_processes(accelerator, value: float) -> float:
+    """The mean of a float over processes (float64, summed then divided). A collective."""
+    world = _world(accelerator)
+    if world == 1:
+        return float(value)
+    total = torch.tensor([float(value)], dtype=torch.float64, device=accelerator.device)
+    torch.distributed.all_reduce(total)
+    return float(total.item()) / world
+
+
+# --- errors --------------------------------------------------------------------------------------
+def _portable(error: BaseException) -> BaseException:
+    """`error` if it survives pickling (to travel to the other processes), else a RuntimeError."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+@contextmanager
+def failures_shared(accelerator) -> Iterator[None]:
+    """Run a local phase (no collective inside); if it raised on any process, raise on every one.
+
+    Every process reaches the exchange at the end exactly once, whether its phase failed or not.
+    The error of the lowest-numbered failing process is raised everywhere (that process raises
+    its own exception object, with its traceback), with a note naming the process.
+    """
+    world = _world(accelerator)
+    if world == 1:
+        yield
+        return
+    error: Exception | None = None
+    try:
+        yield
+    except Exception as err:  # BaseException (Ctrl-C, SystemExit) ends the process as it is
+        error = err
+    reports = gather_objects(accelerator, None if error is None else _portable(error))
+    failed = [(k, report) for k, report in enumerate(reports) if report is not None]
+    if not failed:
+        return
+    rank, report = failed[0]
+    raised = error if rank == accelerator.process_index else report
+    raised.add_note(f"Raised on process {rank} of {world}; every process stops with this error.")
+    raise raised
+
+
+# --- rollouts and metrics -------------------------------------------------------------------------
+def _rollout_on_cpu(r: Rollout) -> Rollout:
+    fields = {name: getattr(r.batch, name).cpu() for name in RolloutBatch.ROW_FIELDS}
+    return replace(
+        r,
+        batch=replace(r.batch, **fields),
+        per_func=None if r.per_func is None else r.per_func.cpu(),
+        rewards=None if r.rewards is None else r.rewards.cpu(),
+    )
+
+
+def gather_rollout(
+    accelerator, rollout: Rollout, pad_token_id: int, advantages: torch.Tensor | None = None
+) -> tuple[Rollout, torch.Tensor | None]:
+    """Every process's scored rollout (and advantages `(N,)`), concatenated in process order:
+    the global rollout of the step, as one process would have sampled it. A collective."""
+    if _world(accelerator) == 1:
+        return rollout, advantages
+    local = (_rollout_on_cpu(rollout), None if advantages is None else advantages.cpu())
+    parts = gather_objects(accelerator, local)
+    merged = parts[0][0]
+    for part, _ in parts[1:]:
+        merged = concat_rollouts(merged, part, pad_token_id)
+    if advantages is None:
+        return merged, None
+    return merged, torch.cat([adv for _, adv in parts])
+
+
+def combine_metrics(per_process: Sequence[dict[str, float]]) -> dict[str, float]:
+    """One log line from every process's metrics window.
+
+    `SUMMED_METRICS` add up; a metric every process reports with the same value (computed from
+    gathered data, like the rewards) is kept as is; any other is averaged over the processes that
+    report it (timings, clip ratios, KL, entropy).
+    """
+    keys = list(dict.fromkeys(key for metrics in per_process for key in metrics))
+    out = {}
+    for key in keys:
+        values = [metrics[key] for metrics in per_process if key in metrics]
+        if key in SUMMED_METRICS:
+            out[key] = sum(values)
+        elif all(v == values[0] for v in values):
+            out[key] = values[0]
+        else:
+            out[key] = sum(values) / len(values)
+    return out
+
+
+def reduce_metrics(accelerator, metrics: dict[str, float]) -> dict[str, float]:
+    """`combine_metrics` over all processes (a collective; the same result on every process)."""
+    if _world(accelerator) == 1:
+        return metrics
+    return combine_metrics(gather_objects(accelerator, metrics))
+
+
+# --- the training forward ------------------------------------------------------------------------
+def forward_through(accelerator, model: torch.nn.Module, fn: Callable[[torch.nn.Module], Any]):
+    """`fn(policy)` run as the forward of `model` (the policy, or the DDP / DeepSpeed wrapper the
+    Trainer made of it), so the wrapper's forward bookkeeping runs around it.
+
+    `completion_logprobs` calls the decoder body and the LM head itself, never the model's own
+    forward. Called that way under DDP, the gradient-sync hooks would be skipped (DDP only
+    averages gradients after its own forward), and under FSDP2 the root's weights would stay
+    sharded. So the policy's forward is swapped for `fn` for one call of `model`.
+    """
+    policy = accelerator.unwrap_model(model) if accelerator is not None else model
+    saved = policy.__dict__.pop("forward", None)  # accelerate's mixed-precision forward, if any
+    policy.forward = lambda: fn(policy)
+    try:
+        return model()
+    finally:
+        del policy.forward
+        if saved is not None:
+            policy.forward = saved
+
+
+def shares_prefix(accelerator, requested: bool) -> bool:
+    """Whether the training forward may encode each prompt once for its group (`logprobs.py`).
+
+    Not with grad under FSDP2: the prefix-shared forward runs every layer twice before the
+    backward, and FSDP2 frees a layer's gathered weights after the first of those backwards
+    (measured: "setStorage ... out of bounds for storage of size 0"); the plain forward is used.
+    """
+    sharded = getattr(accelerator, "is_fsdp2", False) and torch.is_grad_enabled()
+    return requested and not sharded
+
+
+# --- sharded parameters ---------------------------------------------------------------------------
+def check_backend(accelerator) -> None:
+    """Refuse a backend whose forward passes are collectives we cannot gather out of (ZeRO-3)."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is not None and getattr(plugin, "zero_stage", 0) == 3:
+        raise ValueError(
+            "DeepSpeed ZeRO-3 shards the parameters, so every generation step would be a "
+            "collective and processes that stop decoding at different steps would hang; use "
+            "recipes/accelerate/fsdp2_lora.yaml (or fsdp2_full.yaml) or ZeRO-2 instead."
+        )
+
+
+def _fsdp2_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+@contextmanager
+def full_parameters(accelerator, model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """The model with every parameter whole on every process, for generation.
+
+    Under FSDP2 each forward would all-gather the parameters of every layer: processes that run
+    different numbers of decode steps (their completions end at different lengths) or refill
+    rounds would wait for each other forever. The parameters are gathered once here (one
+    collective per FSDP module, in module order on every process) and kept until the block ends,
+    so the forward passes inside make no collective. Other backends keep whole parameters.
+    """
+    if not getattr(accelerator, "is_fsdp2", False):
+        yield model
+        return
+    modules = _fsdp2_modules(model)
+    if not modules:  # not wrapped yet (before the Trainer's first prepare): nothing is sharded
+        yield model
+        return
+    # torch 2.13 FSDP2 internals. Generation calls the transformers model inside the peft root,
+    # so the root must be initialised first (else the first layer would make itself the root),
+    # and the post-forward mesh of each group says whether it reshards after a forward.
+    modules[0]._get_fsdp_state()._lazy_init()
+    saved = [
+        [group.post_forward_mesh_info for group in m._get_fsdp_state()._fsdp_param_groups]
+        for m in modules
+    ]
+    for m in modules:
+        m.set_reshard_after_forward(False, recurse=False)
+        m.unshard()
+    try:
+        yield model
+    finally:
+        for m, infos in zip(modules, saved):
+            for group, info in zip(m._get_fsdp_state()._fsdp_param_groups, infos):
+                group.post_forward_mesh_info = info
+            m.reshard()
