@@ -9,7 +9,9 @@ The decode loop asks a noise source for the uniforms of the rows it is decoding 
   and that position: not on the other prompts in the batch, on which process samples it, on rows
   leaving the batch as they finish, or on whether the run was resumed from a checkpoint (nothing
   has to be saved to replay them).
-- `GeneratorNoise`: draws from a `torch.Generator` in call order (evaluation's pass@k).
+- `KeyedNoise.for_evaluation`: the same, keyed on (seed, the prompt's index in the eval set), so
+  evaluation samples do not depend on batching or on how the set is sharded over processes.
+- `GeneratorNoise`: draws from a `torch.Generator` in call order.
 
 `keyed_generator` gives the other keyed draws of a rollout (the dynamic-sampling refill prompts,
 the group shuffle) from the same kind of key.
@@ -30,6 +32,9 @@ def keyed_generator(*key: int | str) -> torch.Generator:
     digest = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
     seed = struct.unpack("<Q", digest)[0] >> 1
     return torch.Generator().manual_seed(seed)
+
+
+EVAL_ROLLOUT = -1  # training rollouts count from 0
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,14 @@ class KeyedNoise:
             # (T, G) then transposed: the first t steps' draws do not depend on max_new_tokens
             groups.append(torch.rand(max_new_tokens, group_size, generator=gen).T)
         return cls(torch.cat(groups))  # (P * G, T)
+
+    @classmethod
+    def for_evaluation(
+        cls, seed: int, prompt_indices: Sequence[int], group_size: int, max_new_tokens: int
+    ) -> KeyedNoise:
+        """Uniforms for held-out prompts by their index in the eval set (rollout key -1)."""
+        key = RolloutKey(seed, EVAL_ROLLOUT)
+        return cls.for_prompts(key, prompt_indices, group_size, max_new_tokens)
 
     def to(self, device: torch.device | str) -> KeyedNoise:
         return KeyedNoise(self.table.to(device))

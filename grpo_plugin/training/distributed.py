@@ -80,6 +80,14 @@ def own_share(items: Sequence[Any], accelerator) -> list[Any]:
     return list(items[accelerator.process_index :: world]) if world > 1 else list(items)
 
 
+def contiguous_share(num_items: int, world: int, rank: int) -> tuple[int, int]:
+    """`[start, stop)` of process `rank`'s contiguous share of `num_items` (sizes differ by <= 1,
+    the first `num_items % world` processes taking one more)."""
+    size, extra = divmod(num_items, world)
+    start = rank * size + min(rank, extra)
+    return start, start + size + (1 if rank < extra else 0)
+
+
 def gather_objects(accelerator, obj: Any) -> list[Any]:
     """Every process's `obj` (picklable, on the CPU), in process order. A collective."""
     world = _world(accelerator)

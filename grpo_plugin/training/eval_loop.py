@@ -16,9 +16,12 @@ Each held-out set is read in chunks of `per_device_eval_batch_size` completions,
 Keys get the `eval_` prefix (`eval_<name>_` for each set of a dict of eval sets) and go to
 `metrics.jsonl` and the `report_to` trackers in one log line per evaluation.
 
-Randomness: sampling uses a generator seeded with `seed` afresh at every evaluation, so two
-evaluations differ by the model only, not by the draw; nothing draws from the global RNG or the
-trainer's own generator, so evaluating does not change the training run.
+Randomness: samples are keyed on (`seed`, the prompt's index in the eval set) (`rollout/noise.py`),
+the same at every evaluation, so two evaluations differ by the model only, not by the draw, and
+the result does not depend on the batch size or on how the set is sharded over processes.
+Nothing draws from the global RNG or from training's draws, so evaluating does not change the
+training run. With several processes each evaluates a contiguous share of a map-style set and
+the totals are gathered: every metric is that of one process evaluating the whole set.
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ import torch
 from ..core.logprobs import completion_logprobs
 from ..core.objectives import group_advantages, policy_loss
 from ..rollout.dynamic_sampling import informative_groups
+from ..rollout.noise import KeyedNoise
 from ..rollout.prompts import sample_groups
 from ..rollout.types import Rollout, SamplingParams
+from .distributed import contiguous_share, full_parameters, gather_objects
 from .eval_setup import best_metric_key, check_eval_datasets, check_metrics_result, prefixed
 from .evaluation import pass_at_k
 from .metrics import nanstd
@@ -58,6 +63,7 @@ class _Totals:
     loss_stats: dict[str, list[float]] = field(default_factory=dict)  # per chunk
     hook_inputs: dict[str, list] = field(default_factory=dict)  # greedy prompts, completions, ...
     chunks: int = 0
+    rows_seen: int = 0
     num_tokens: int = 0  # prompt + completion tokens of every completion generated
 
     def count_tokens(self, rollout: Rollout) -> None:
@@ -85,6 +91,20 @@ class _Totals:
             first = rollout.per_func[:, 0].view(-1, k)  # (P, k)
             correct = (~first.isnan() & (first >= SUCCESS_THRESHOLD)).sum(dim=1)  # (P,)
             self.pass_at_k += [pass_at_k(k, int(c), k) for c in correct]
+
+    def merge(self, other: _Totals) -> None:
+        """Append another process's totals (called in process order)."""
+        self.correct += other.correct
+        self.pass_at_k += other.pass_at_k
+        for name in ("rewards", "per_func", "lengths", "truncated"):
+            getattr(self, name).extend(getattr(other, name))
+        for key, values in other.loss_stats.items():
+            self.loss_stats.setdefault(key, []).extend(values)
+        for key, values in other.hook_inputs.items():
+            self.hook_inputs.setdefault(key, []).extend(values)
+        self.chunks += other.chunks
+        self.rows_seen += other.rows_seen
+        self.num_tokens += other.num_tokens
 
     def add_loss(self, stats: dict[str, float]) -> None:
         for key, value in stats.items():
@@ -160,8 +180,12 @@ class SetEvaluator:
         self.k = self.args.num_generations_eval or self.args.num_generations
         self.model = trainer.accelerator.unwrap_model(trainer.model)
 
-    def _sample(self, rows, sampling: SamplingParams, k: int, generator=None) -> Rollout:
+    def _sample(self, rows, sampling: SamplingParams, k: int, first_index: int = 0) -> Rollout:
         a = self.args
+        noise = None
+        if not sampling.greedy:
+            indices = range(first_index, first_index + len(rows))
+            noise = KeyedNoise.for_evaluation(a.seed, indices, k, sampling.max_new_tokens)
         return sample_groups(
             self.model,
             self.trainer.processing_class,
@@ -171,31 +195,29 @@ class SetEvaluator:
             max_prompt_length=a.max_prompt_length,
             chat_template_kwargs=a.chat_template_kwargs,
             share_prompt_prefix=a.share_prompt_prefix,
-            generator=generator,
+            noise=noise,
         )
 
     def run(self, dataset: Any) -> dict[str, float]:
-        a, t = self.args, self.trainer
+        """Several processes: each evaluates its contiguous shard of a map-style set, and the
+        totals are gathered in process order, so every metric is that of the whole set (greedy
+        ones exactly as on one process; pass@k samples are drawn per shard)."""
+        t = self.trainer
         start = time.perf_counter()
-        greedy_params = SamplingParams(max_new_tokens=a.max_completion_length, temperature=0.0)
-        generator = torch.Generator(device=self.model.device).manual_seed(a.seed)
-        totals = _Totals()
-        with eval_mode(self.model), torch.no_grad():
-            for rows in _chunks(dataset, max(1, a.per_device_eval_batch_size // self.k)):
-                greedy = self._sample(rows, greedy_params, 1)
-                if self.k == 1:
-                    scored = score_rollout(greedy, t.reward_funcs, t.reward_weights)
-                else:
-                    score_rollout(greedy, t.reward_funcs[:1], torch.ones(1))
-                    scored = self._sample(rows, a.sampling_params(), self.k, generator)
-                    score_rollout(scored, t.reward_funcs, t.reward_weights)
-                totals.add_greedy(greedy)
-                totals.add_scored(scored, self.k)
-                totals.count_tokens(greedy)
-                if scored is not greedy:
-                    totals.count_tokens(scored)
-                totals.add_loss(self._loss_stats(scored))
-                totals.chunks += 1
+        accelerator = t.accelerator
+        sharded = accelerator.num_processes > 1 and hasattr(dataset, "select")
+        offset = 0
+        if sharded:
+            world, rank = accelerator.num_processes, accelerator.process_index
+            offset, stop = contiguous_share(len(dataset), world, rank)
+            dataset = dataset.select(range(offset, stop))
+        with full_parameters(accelerator, self.model):
+            totals = self._run_chunks(dataset, offset)
+        if sharded:
+            parts = gather_objects(accelerator, totals)
+            totals = _Totals()
+            for part in parts:
+                totals.merge(part)
         if totals.chunks == 0:
             raise ValueError("the eval_dataset yielded no rows; give it at least one prompt")
         metrics = totals.metrics(t.reward_names, self.k)
@@ -206,6 +228,31 @@ class SetEvaluator:
         metrics["samples_per_second"] = round(metrics["n"] / runtime, 3)
         metrics["steps_per_second"] = round(totals.chunks / runtime, 3)
         return metrics
+
+    def _run_chunks(self, dataset: Any, offset: int) -> _Totals:
+        """`offset`: the index of `dataset`'s first row in the whole eval set."""
+        a, t = self.args, self.trainer
+        greedy_params = SamplingParams(max_new_tokens=a.max_completion_length, temperature=0.0)
+        totals = _Totals()
+        with eval_mode(self.model), torch.no_grad():
+            for rows in _chunks(dataset, max(1, a.per_device_eval_batch_size // self.k)):
+                greedy = self._sample(rows, greedy_params, 1)
+                if self.k == 1:
+                    scored = score_rollout(greedy, t.reward_funcs, t.reward_weights)
+                else:
+                    score_rollout(greedy, t.reward_funcs[:1], torch.ones(1))
+                    first = offset + totals.rows_seen
+                    scored = self._sample(rows, a.sampling_params(), self.k, first)
+                    score_rollout(scored, t.reward_funcs, t.reward_weights)
+                totals.add_greedy(greedy)
+                totals.add_scored(scored, self.k)
+                totals.count_tokens(greedy)
+                if scored is not greedy:
+                    totals.count_tokens(scored)
+                totals.add_loss(self._loss_stats(scored))
+                totals.chunks += 1
+                totals.rows_seen += len(rows)
+        return totals
 
     def _loss_stats(self, rollout: Rollout) -> dict[str, float]:
         """The GRPO loss on the scored completions (advantages within each group of k)."""

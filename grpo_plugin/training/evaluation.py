@@ -23,6 +23,7 @@ from collections.abc import Callable
 import torch
 from datasets import Dataset
 
+from ..rollout.noise import KeyedNoise
 from ..rollout.prompts import sample_groups
 from ..rollout.types import SamplingParams
 from .scoring import score_rollout
@@ -53,15 +54,22 @@ def _score_batches(
     *,
     num_return: int,
     batch_size: int,
-    generator: torch.Generator | None = None,
+    seed: int = 0,
+    offset: int = 0,
 ) -> list[list[float]]:
-    """Per prompt, the rewards (NaN = not scored) of its `num_return` completions."""
+    """Per prompt, the rewards (NaN = not scored) of its `num_return` completions. Samples are
+    keyed on (seed, the prompt's index in the whole set = `offset` + its index here)."""
     prompts_per_batch = max(1, batch_size // num_return)
     per_prompt: list[list[float]] = []
     for start in range(0, len(dataset), prompts_per_batch):
-        rows = [dataset[i] for i in range(start, min(start + prompts_per_batch, len(dataset)))]
+        stop = min(start + prompts_per_batch, len(dataset))
+        rows = [dataset[i] for i in range(start, stop)]
+        noise = None
+        if not sampling.greedy:
+            indices = range(offset + start, offset + stop)
+            noise = KeyedNoise.for_evaluation(seed, indices, num_return, sampling.max_new_tokens)
         rollout = sample_groups(
-            model, tokenizer, rows, sampling, num_generations=num_return, generator=generator
+            model, tokenizer, rows, sampling, num_generations=num_return, noise=noise
         )
         rewards = score_rollout(rollout, [reward_fn], torch.ones(1)).rewards
         per_prompt += rewards.view(len(rows), num_return).tolist()
@@ -70,7 +78,7 @@ def _score_batches(
 
 def _score_prompts(
     model, tokenizer, dataset, reward_fn, *, k, num_samples, max_new_tokens, batch_size,
-    temperature, seed,
+    temperature, seed, offset=0,
 ) -> tuple[list[float], list[list[float]] | None]:  # fmt: skip
     """Per prompt: the greedy reward, and the rewards of `num_samples` samples (None when k=0)."""
     greedy_params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
@@ -79,7 +87,6 @@ def _score_prompts(
     )
     if not k:
         return [r[0] for r in greedy], None
-    generator = torch.Generator(device=model.device).manual_seed(seed)
     sampled_params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
     sampled = _score_batches(
         model,
@@ -89,7 +96,8 @@ def _score_prompts(
         sampled_params,
         num_return=num_samples,
         batch_size=batch_size,
-        generator=generator,
+        seed=seed,
+        offset=offset,
     )
     return [r[0] for r in greedy], sampled
 
@@ -110,11 +118,16 @@ def _summarize(rewards, sampled, *, k, num_samples, success_threshold) -> dict[s
 def _score_sharded(accelerator, model, tokenizer, dataset, reward_fn, **kwargs):
     """Each process scores its contiguous shard of the prompts; the per-prompt results of all
     processes are gathered in dataset order (the same on every process)."""
-    from .distributed import full_parameters, gather_objects
+    from .distributed import contiguous_share, full_parameters, gather_objects
 
-    shard = dataset.shard(accelerator.num_processes, accelerator.process_index, contiguous=True)
+    start, stop = contiguous_share(
+        len(dataset), accelerator.num_processes, accelerator.process_index
+    )
+    shard = dataset.select(range(start, stop))
     with full_parameters(accelerator, model):
-        local = _score_prompts(model, tokenizer, shard, reward_fn, **kwargs) if len(shard) else None
+        local = None
+        if len(shard):
+            local = _score_prompts(model, tokenizer, shard, reward_fn, offset=start, **kwargs)
     parts = [part for part in gather_objects(accelerator, local) if part is not None]
     rewards = [r for greedy, _ in parts for r in greedy]
     sampled = None if not kwargs["k"] else [row for _, rows in parts for row in rows]
@@ -140,13 +153,14 @@ def evaluate(
 
     Returns `{"n", "accuracy", "mean_reward", "pass@k", "k", "num_samples"}` (the last three only
     when k is a positive int). pass@k uses `num_samples` (default k, must be >= k) samples per
-    prompt at `temperature`, drawn from a generator seeded with `seed` (the global RNG is not
-    touched); `batch_size` bounds the number of sequences generated at once. The model's
-    train/eval mode is left as it was.
+    prompt at `temperature`, drawn from draws keyed on (`seed`, the prompt's index in `dataset`),
+    so they do not depend on `batch_size` or on sharding (the global RNG is not touched);
+    `batch_size` bounds the number of sequences generated at once. The model's train/eval mode is
+    left as it was.
 
     With an `accelerator` of several processes (every process calls this), each process scores
-    a shard of the prompts and the results are gathered: greedy accuracy is that of one process
-    (greedy decoding does not depend on the shard); the pass@k samples are drawn per shard.
+    a contiguous share of the prompts and the results are gathered: every number equals the
+    one-process result (greedy decoding does not depend on the shard; the samples are keyed).
     """
     if "prompt" not in dataset.column_names:
         raise ValueError(

@@ -111,13 +111,15 @@ def sharded_eval(out: Path) -> None:
         trainer.processing_class,
         trainer.train_dataset.select(range(7)),  # 7 prompts: shards of 4 and 3
         length_score,
-        k=0,
+        k=2,
         max_new_tokens=8,
         batch_size=2,
         accelerator=trainer.accelerator,
     )
+    in_training = trainer.evaluate(trainer.train_dataset.select(range(7)))  # also sharded
     if trainer.is_world_process_zero():
         (out / "eval.json").write_text(json.dumps(result))
+        (out / "trainer_eval.json").write_text(json.dumps(in_training))
 
 
 def rank_dependent(prompts, completions, **kwargs):

@@ -168,13 +168,20 @@ def test_sharded_evaluation_equals_one_process(two_processes, tmp_path):
     trainer = worker.tiny_trainer(tmp_path / "eval", 16)
     model = trainer.accelerator.unwrap_model(trainer.model)
     data = trainer.train_dataset.select(range(7))
-    one = evaluate(model, trainer.processing_class, data, worker.length_score, k=0,
+    one = evaluate(model, trainer.processing_class, data, worker.length_score, k=2,
                    max_new_tokens=8, batch_size=2)  # fmt: skip
     two = json.loads((two_processes / "eval" / "eval.json").read_text())
     assert two["n"] == one["n"] == 7
     assert 0 < one["accuracy"] < 1  # the check can fail both ways
     assert two["accuracy"] == one["accuracy"]
     assert two["mean_reward"] == pytest.approx(one["mean_reward"], abs=1e-12)
+    assert two["pass@2"] == one["pass@2"]  # samples keyed on the prompt's index, not the shard
+    # GRPOTrainer.evaluate() (evaluation during training) is sharded and gathered the same way
+    one_in_training = trainer.evaluate(data)
+    two_in_training = json.loads((two_processes / "eval" / "trainer_eval.json").read_text())
+    for key in ("eval_n", "eval_accuracy", "eval_reward", "eval_completions/mean_length"):
+        assert two_in_training[key] == pytest.approx(one_in_training[key], abs=1e-9), key
+    assert one_in_training["eval_n"] == 7
 
 
 def test_dynamic_sampling_refills_per_process_without_deadlock(two_processes):

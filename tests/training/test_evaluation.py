@@ -161,3 +161,19 @@ def test_evaluate_rejects_missing_prompt_column(tiny_model, tiny_tokenizer):
         evaluate(
             tiny_model, tiny_tokenizer, _chat_dataset(1), RecordingReward(), k=4, num_samples=2
         )
+
+
+def test_samples_do_not_depend_on_the_batch_size(tiny_model, tiny_tokenizer):
+    """pass@k samples are keyed on (seed, prompt index): batching (or sharding) changes nothing."""
+    sampled = {}
+
+    def reward(prompts, completions, completion_ids, **kw):
+        sampled.setdefault(run_batch, []).extend(completion_ids)
+        return [0.0] * len(completion_ids)
+
+    for run_batch in (2, 4, 16):  # 1, 2 and all 5 prompts per generation call
+        evaluate(tiny_model, tiny_tokenizer, _chat_dataset(5), reward, k=2, num_samples=2,
+                 max_new_tokens=6, batch_size=run_batch)  # fmt: skip
+    greedy = 5  # the first 5 recorded completions are the greedy ones
+    assert sampled[2][greedy:] == sampled[4][greedy:] == sampled[16][greedy:]
+    assert len(set(map(tuple, sampled[16][greedy:]))) > 1  # real samples, not all identical
