@@ -11,11 +11,14 @@ library internals: it calls these helpers.
 | `expand_cache`, `can_drop_cache_rows` | caches without `batch_repeat_interleave` / `batch_select_indices` (transformers 5.x: static, hybrid and some remote-code caches) | every cache implements both |
 | `gradient_checkpointing_active`     | transformers 5.x renamed `is_gradient_checkpointing` to `is_activation_checkpointing` | the old name is removed (v6) |
 | `unwrap_peft`                       | peft 0.21 `PeftModel` wraps the transformers model | -- (peft API, kept as one call site) |
+| `generation_default`                | transformers 5.x leaves GenerationConfig fields None and keeps the effective defaults in a private table | transformers exposes its generation defaults publicly |
+| `moe_router_config`, `moe_load_balancing_loss` | transformers 5.x MoE models keep the load-balancing loss in each modeling module and the expert counts on the `ForCausalLM` | transformers exposes one public aux-loss API |
 """
 
 from __future__ import annotations
 
 import inspect
+import sys
 
 import torch
 
@@ -101,3 +104,52 @@ def gradient_checkpointing_active(model: torch.nn.Module) -> bool:
     base = unwrap_peft(model)
     flag = "is_activation_checkpointing"
     return bool(getattr(base, flag if hasattr(base, flag) else "is_gradient_checkpointing", False))
+
+
+def moe_router_config(model: torch.nn.Module) -> float | None:
+    """The MoE router aux-loss coefficient the model's config declares (0.0 when it declares none);
+    None for a model that does not return router logits (not a Mixture-of-Experts model)."""
+    config = unwrap_peft(model).config
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if not hasattr(text_config, "output_router_logits"):
+        return None
+    return float(getattr(text_config, "router_aux_loss_coef", 0.0) or 0.0)
+
+
+def moe_load_balancing_loss(model: torch.nn.Module, router_logits, attention_mask) -> torch.Tensor:
+    """The model's own load-balancing loss (what its `ForCausalLM.forward` returns as `aux_loss`),
+    from the router logits of a forward over `attention_mask` `(N, L)`.
+
+    transformers 5.x defines `load_balancing_loss_func` in each MoE modeling module and keeps the
+    expert counts on the causal LM (`num_experts`, `num_experts_per_tok`).
+    """
+    base = unwrap_peft(model)
+    loss_func = getattr(sys.modules[type(base).__module__], "load_balancing_loss_func", None)
+    num_experts = getattr(base, "num_experts", None)
+    top_k = getattr(base, "num_experts_per_tok", None)
+    if loss_func is None or num_experts is None or top_k is None or router_logits is None:
+        raise TypeError(
+            f"{type(base).__name__} does not expose a MoE load-balancing loss "
+            "(load_balancing_loss_func, num_experts, num_experts_per_tok); set "
+            "router_aux_loss_coef=0.0."
+        )
+    loss = loss_func(tuple(router_logits), num_experts, top_k, attention_mask)
+    return torch.as_tensor(loss, dtype=torch.float32, device=attention_mask.device)
+
+
+_NO_DEFAULT = object()
+
+
+def generation_default(key: str) -> object:
+    """transformers' effective default for a `GenerationConfig` field (`_NO_DEFAULT` if unknown).
+
+    transformers 5.x stores unset fields as None and applies its defaults from
+    `GenerationConfig._get_default_generation_params()` at generate time.
+    """
+    from transformers import GenerationConfig
+
+    table = getattr(GenerationConfig, "_get_default_generation_params", None)
+    defaults = table() if callable(table) else {}
+    if key in defaults:
+        return defaults[key]
+    return getattr(GenerationConfig(), key, _NO_DEFAULT)

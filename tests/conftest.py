@@ -80,6 +80,27 @@ def make_tiny_model(
     return LlamaForCausalLM(config).eval()
 
 
+def make_tiny_reward_model(tokenizer, seed: int = 1, hidden: int = 32):
+    """A tiny random LlamaForSequenceClassification (one logit) sized to the tokenizer."""
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        num_labels=1,
+        initializer_range=0.5,  # scores that differ visibly between texts
+    )
+    return LlamaForSequenceClassification(config).eval()
+
+
 # ----------------------------------------------------------------------------- tiny trainers
 
 # A synthetic verifiable task for tiny random models: the share of '7' characters.
@@ -162,6 +183,15 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer):
     """A tiny model + tokenizer saved to disk, for code paths that load by path."""
     path = tmp_path_factory.mktemp("tiny-llama")
     make_tiny_model(tiny_tokenizer).save_pretrained(path)
+    tiny_tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_reward_dir(tmp_path_factory, tiny_tokenizer):
+    """A tiny reward model (sequence classifier) + its tokenizer saved to disk."""
+    path = tmp_path_factory.mktemp("tiny-reward")
+    make_tiny_reward_model(tiny_tokenizer).save_pretrained(path)
     tiny_tokenizer.save_pretrained(path)
     return path
 

@@ -163,11 +163,18 @@ def _adapter_sentence(run: dict[str, Any]) -> str:
     )
 
 
+def _reward_entry(func: dict[str, Any]) -> str:
+    weight = f"weight {_fmt(func.get('weight', 1.0))}"
+    if func.get("model"):
+        return f"`{func.get('name')}` (reward model `{func['model']}`, {weight})"
+    return f"`{func.get('name')}` ({weight})"
+
+
 def _rewards_sentence(run: dict[str, Any]) -> str:
     funcs = run.get("reward_funcs") or []
     if not funcs:
         return "Reward functions: not recorded."
-    listed = ", ".join(f"`{f.get('name')}` (weight {_fmt(f.get('weight', 1.0))})" for f in funcs)
+    listed = ", ".join(_reward_entry(f) for f in funcs)
     datasets = run.get("datasets") or []
     data = f" Training prompts: {', '.join(f'`{d}`' for d in datasets)}." if datasets else ""
     return f"Reward functions (weighted sum): {listed}.{data}"

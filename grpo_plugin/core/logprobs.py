@@ -19,6 +19,13 @@ per-token quantity of the GRPO objective (DeepSeekMath, eq. 3, https://arxiv.org
   the cache; no batch-expandable cache; groups whose prompts differ) fall back to the plain forward
   with a single warning.
 
+- MoE router auxiliary loss (`return_aux_loss`): the plain forward runs with
+  `output_router_logits=True` and the model's own load-balancing loss (Switch Transformer eqs. 4-6,
+  https://arxiv.org/abs/2101.03961) is computed over the real prompt + completion tokens, as the
+  model's `ForCausalLM.forward` does; the prefix-shared forward is not used then.
+- `pad_to_multiple_of`: the trimmed prompt and completion widths are rounded up to a multiple of it
+  (fixed shapes for compilers), never past the widths passed in.
+
 Departures from TRL: log-probs (and entropies) at masked completion positions are 0, not the
 model's values there; `temperature <= 0` (greedy sampling) scores with temperature 1. Of the
 model's own logit post-processing only Gemma-style `final_logit_softcapping` is reproduced.
@@ -34,6 +41,7 @@ from .._compat import (
     expand_cache,
     gradient_checkpointing_active,
     keep_bnb_4bit_weights_trainable,
+    moe_load_balancing_loss,
     output_cache,
     unwrap_peft,
 )
@@ -57,12 +65,22 @@ def _decoder_body(model: torch.nn.Module) -> torch.nn.Module:
     return body
 
 
-def _trim_padding(prompt_ids, prompt_mask, completion_ids, completion_mask):
-    """Drop all-pad prompt columns on the left and completion columns past the last real token."""
+def _round_up(width: int, multiple: int | None, limit: int) -> int:
+    if not multiple or width == 0:
+        return width
+    return min(-(-width // multiple) * multiple, limit)
+
+
+def _trim_padding(prompt_ids, prompt_mask, completion_ids, completion_mask, multiple=None):
+    """Drop all-pad prompt columns on the left and completion columns past the last real token
+    (keeping widths that are multiples of `multiple` when it is set)."""
     real_prompt_cols = (prompt_mask.sum(0) > 0).nonzero()
     first = int(real_prompt_cols[0]) if len(real_prompt_cols) else prompt_mask.size(1)
+    prompt_width = _round_up(prompt_mask.size(1) - first, multiple, prompt_mask.size(1))
+    first = prompt_mask.size(1) - prompt_width
     real_completion_cols = (completion_mask.sum(0) > 0).nonzero()
     width = int(real_completion_cols[-1]) + 1 if len(real_completion_cols) else 0
+    width = _round_up(width, multiple, completion_mask.size(1))
     return (
         prompt_ids[:, first:],
         prompt_mask[:, first:],
@@ -71,17 +89,21 @@ def _trim_padding(prompt_ids, prompt_mask, completion_ids, completion_mask):
     )
 
 
-def _plain_hidden(body, prompt_ids, prompt_mask, completion_ids, completion_mask):
-    """Body over prompt + completion; `(N, T, H)` hidden states that predict the completion tokens."""
+def _plain_hidden(body, prompt_ids, prompt_mask, completion_ids, completion_mask, router=False):
+    """Body over prompt + completion; `(N, T, H)` hidden states that predict the completion tokens
+    (and the router logits of every MoE layer when `router`)."""
     prompt_len, width = prompt_ids.size(1), completion_ids.size(1)
     mask = torch.cat([prompt_mask, completion_mask], dim=1)  # (N, Lp + T)
+    extra = {"output_router_logits": True} if router else {}
     out = body(
         input_ids=torch.cat([prompt_ids, completion_ids], dim=1),
         attention_mask=mask,
         position_ids=position_ids_from_mask(mask),
         use_cache=False,
+        **extra,
     )
-    return out.last_hidden_state[:, prompt_len - 1 : prompt_len - 1 + width]  # (N, T, H)
+    hidden = out.last_hidden_state[:, prompt_len - 1 : prompt_len - 1 + width]  # (N, T, H)
+    return (hidden, out.router_logits, mask) if router else hidden
 
 
 def _shared_hidden(body, group, prompt_ids, prompt_mask, completion_ids, completion_mask):
@@ -147,8 +169,9 @@ def _completion_hidden(model, tensors, group_size, share_prompt_prefix):
     return _plain_hidden(body, *tensors)
 
 
-def _chunk_logps(head, hidden, targets, temperature: float, softcap: float | None, entropy: bool):
-    """Head + float32 log-softmax + gather for one chunk: `(C, H)` -> `(C,)` log-probs (and entropy)."""
+def _chunk_logps(head, hidden, targets, temperature: float, softcap: float | None, entropy: str):
+    """Head + float32 log-softmax + gather for one chunk: `(C, H)` -> `(C,)` log-probs (and entropy:
+    `entropy` is "" for none, "detached" or "grad")."""
     logits = head(hidden).float()  # (C, V); the matmul does not save its output: in-place is safe
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
@@ -158,7 +181,7 @@ def _chunk_logps(head, hidden, targets, temperature: float, softcap: float | Non
     logps = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
     if not entropy:
         return logps, logps.new_zeros(0)
-    with torch.no_grad():
+    with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):
         log_probs = logits - log_norm.unsqueeze(-1)
         token_entropy = -(log_probs.exp() * log_probs).sum(-1)  # (C,)
     return logps, token_entropy
@@ -211,12 +234,17 @@ def completion_logprobs(
     group_size: int | None = None,
     share_prompt_prefix: bool = False,
     return_entropy: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    entropy_grad: bool = False,
+    pad_to_multiple_of: int | None = None,
+    return_aux_loss: bool = False,
+) -> tuple[torch.Tensor, ...]:
     """Log-probs `(N, Tc)` float32 of each completion token (0 where `completion_mask` is 0).
 
     Prompts are left-padded `(N, Lp)`, completions right-padded `(N, Tc)`. Differentiable when grad
     is enabled. With `share_prompt_prefix` and `group_size`, rows p*G .. p*G+G-1 must share prompt
-    p. The entropy `(N, Tc)` (detached) is returned when `return_entropy`, else None.
+    p. Returns `(logps, entropy)`: the entropy `(N, Tc)` when `return_entropy` (detached unless
+    `entropy_grad`), else None; with `return_aux_loss`, `(logps, entropy, aux_loss)` where
+    `aux_loss` is the MoE router load-balancing loss (a scalar).
     """
     _check_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask, chunk_size)
     prompt_ids, prompt_mask, completion_ids, completion_mask = (
@@ -224,26 +252,42 @@ def completion_logprobs(
         for t in (prompt_ids, prompt_mask, completion_ids, completion_mask)
     )
     rows, full_width = completion_ids.shape
-    tensors = _trim_padding(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    tensors = _trim_padding(
+        prompt_ids, prompt_mask, completion_ids, completion_mask, pad_to_multiple_of
+    )
     width = tensors[2].size(1)
     logps = torch.zeros(rows, full_width, dtype=torch.float32, device=completion_ids.device)
     entropy = torch.zeros_like(logps) if return_entropy else None
+    aux_loss = logps.new_zeros(())
     if width == 0 or tensors[0].size(1) == 0:
-        return logps, entropy
+        return (logps, entropy, aux_loss) if return_aux_loss else (logps, entropy)
 
     keep_bnb_4bit_weights_trainable(model)
-    hidden = _completion_hidden(model, tensors, group_size, share_prompt_prefix)  # (N, T, H)
+    if return_aux_loss:
+        if share_prompt_prefix:
+            warn_once(
+                "train-share-aux",
+                "share_prompt_prefix: using the plain training forward because the MoE router "
+                "loss needs every token's router logits (same log-probs, slower).",
+            )
+        body = _decoder_body(model)
+        hidden, router_logits, full_mask = _plain_hidden(body, *tensors, router=True)
+        aux_loss = moe_load_balancing_loss(model, router_logits, full_mask)
+    else:
+        hidden = _completion_hidden(model, tensors, group_size, share_prompt_prefix)  # (N, T, H)
     real = tensors[3].bool()  # (N, T)
+    entropy_mode = ("grad" if entropy_grad else "detached") if return_entropy else ""
     selected_logps, selected_entropy = _chunked_head(
         model,
         hidden[real],  # (M, H)
         tensors[2][real],  # (M,)
         temperature if temperature > 0 else 1.0,
         chunk_size,
-        return_entropy,
+        entropy_mode,
     )
     padded_real = torch.nn.functional.pad(real, (0, full_width - width))  # (N, Tc)
     logps = logps.masked_scatter(padded_real, selected_logps)
     if return_entropy:
-        entropy = entropy.masked_scatter(padded_real, selected_entropy.detach())
-    return logps, entropy
+        selected_entropy = selected_entropy if entropy_grad else selected_entropy.detach()
+        entropy = entropy.masked_scatter(padded_real, selected_entropy)
+    return (logps, entropy, aux_loss) if return_aux_loss else (logps, entropy)

@@ -1,4 +1,5 @@
-"""Next-token selection: repetition penalty, temperature, top-k, top-p, then one uniform per row.
+"""Next-token selection: repetition penalty, suppressed tokens, temperature, top-k, top-p, min-p,
+then one uniform per row.
 
 Randomness is one uniform per row per step, given by the caller (see `noise.py`), turned into a
 token by inverse-CDF. Paths that decode the same rows in a different layout (prefix-shared or
@@ -40,6 +41,16 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: int | None, top_p: float) ->
     return logits
 
 
+def filter_min_p(logits: torch.Tensor, min_p: float | None) -> torch.Tensor:
+    """HF's MinP warper on `(B, V)` logits: drop tokens whose probability is below `min_p` times the
+    most likely token's (which is always kept)."""
+    if not min_p:
+        return logits
+    probs = logits.softmax(dim=-1)  # (B, V)
+    threshold = min_p * probs.max(dim=-1, keepdim=True).values  # (B, 1)
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
 def sample_inverse_cdf(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.LongTensor:
     """One token per row from softmax(logits) `(B, V)`, picked by the uniform draw `(B,)` on the CDF."""
     cdf = logits.double().softmax(dim=-1).cumsum(dim=-1)  # (B, V)
@@ -58,7 +69,11 @@ def next_tokens(
     `uniforms` `(B,)` (unused, and may be None, when greedy)."""
     if seen is not None:
         logits = apply_repetition_penalty(logits, seen, sampling.repetition_penalty)
+    if sampling.suppress_tokens:
+        suppressed = torch.tensor(sampling.suppress_tokens, dtype=torch.long, device=logits.device)
+        logits = logits.index_fill(-1, suppressed, -torch.inf)
     if sampling.greedy:
         return logits.argmax(dim=-1)
     filtered = filter_top_k_top_p(logits / sampling.temperature, sampling.top_k, sampling.top_p)
+    filtered = filter_min_p(filtered, sampling.min_p)
     return sample_inverse_cdf(filtered, uniforms)

@@ -15,13 +15,16 @@ from typing import Any
 
 import torch
 
+from ..core.tensors import pad_columns
+
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How next tokens are chosen; validated once, here.
 
-    Sampling follows HF's processor order: repetition penalty, temperature, top-k, top-p.
-    `temperature == 0` means greedy. `top_k` of None or 0 disables top-k.
+    Sampling follows HF's processor order: repetition penalty, suppressed tokens, temperature,
+    top-k, top-p, min-p. `temperature == 0` means greedy. `top_k` of None or 0 disables top-k;
+    `min_p` of None disables min-p; `suppress_tokens` are never sampled.
     """
 
     max_new_tokens: int
@@ -29,6 +32,8 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int | None = None
     repetition_penalty: float = 1.0
+    min_p: float | None = None
+    suppress_tokens: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -42,6 +47,10 @@ class SamplingParams:
         if not self.repetition_penalty > 0:
             raise ValueError(
                 f"repetition_penalty must be > 0 (1.0 = off), got {self.repetition_penalty}."
+            )
+        if self.min_p is not None and not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(
+                f"min_p must be None or in [0, 1] (0.01-0.2 is typical), got {self.min_p}."
             )
 
     @property
@@ -119,6 +128,22 @@ class TrainingBatch:
     def select(self, rows: torch.Tensor) -> TrainingBatch:
         """The given rows `(n,)` of every tensor."""
         return replace(self, **{k: v[rows] for k, v in self._tensors().items()})
+
+    def padded_to_multiple(self, multiple: int | None, pad_token_id: int) -> TrainingBatch:
+        """Prompt columns (left) and completion columns (right) padded to a multiple of `multiple`
+        (TRL's `pad_to_multiple_of`); the batch itself when `multiple` is None."""
+        if not multiple:
+            return self
+        prompt_width = -(-self.prompt_ids.shape[1] // multiple) * multiple
+        completion_width = -(-self.completion_ids.shape[1] // multiple) * multiple
+        out = {}
+        for name, value in self._tensors().items():
+            if value.dim() != 2:
+                continue
+            left = name.startswith("prompt")
+            fill = pad_token_id if name.endswith("_ids") else 0
+            out[name] = pad_columns(value, prompt_width if left else completion_width, fill, left)
+        return replace(self, **out)
 
     def micro_batch(self, index: int, size: int) -> TrainingBatch:
         """Rows `[index * size, (index + 1) * size)`."""

@@ -77,3 +77,27 @@ class RichProgressCallback(TrainerCallback):
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
+
+
+class SyncRefModelCallback(TrainerCallback):
+    """`sync_ref_model`: every `ref_model_sync_steps` optimizer steps, move the frozen reference
+    towards the policy (`policy.mix_reference`, TR-DPO)."""
+
+    def __init__(self, ref_model, alpha: float, every: int) -> None:
+        self.ref_model, self.alpha, self.every = ref_model, alpha, every
+
+    @classmethod
+    def from_args(cls, ref_model, args) -> SyncRefModelCallback:
+        if ref_model is None:
+            raise ValueError(
+                "sync_ref_model=True needs a separate reference model, and a PEFT policy's "
+                "reference is its base with the adapter off; train without peft_config or set "
+                "sync_ref_model=False."
+            )
+        return cls(ref_model, args.ref_model_mixup_alpha, args.ref_model_sync_steps)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        from .policy import mix_reference
+
+        if model is not None and state.global_step % self.every == 0:
+            mix_reference(self.ref_model, model, self.alpha)

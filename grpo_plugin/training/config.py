@@ -1,5 +1,8 @@
 """`GRPOConfig`: TRL's GRPO options (same names, same meanings) plus grpo-plugin's own.
 
+The TRL 1.16 fields not defined here live in `config_trl.TRLArguments` (implemented, or accepted
+only at TRL's default), which this class extends.
+
 Defaults that differ from `transformers.TrainingArguments`:
 - `learning_rate=1e-5`: TRL's 1e-6 targets full fine-tuning. A LoRA update is a rank-r delta scaled by
   alpha/r, and GRPO's per-step signal is small (most groups carry zero advantage early on), so LoRA GRPO
@@ -19,11 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import TrainingArguments
 
-from ..core.objectives import ESTIMATORS, LOSS_TYPES, check_loss_hyperparameters
+from ..core.objectives import ESTIMATORS, LOSS_TYPES, LossParams, check_loss_hyperparameters
 from ..core.objectives import IMPORTANCE_SAMPLING_LEVELS as IMPORTANCE_LEVELS
 from ..rollout.types import SamplingParams
+from .config_trl import TRLArguments
 from .distributed import launched_without_accelerators
 
 logger = logging.getLogger(__name__)
@@ -38,7 +41,7 @@ def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
 
 
 @dataclass
-class GRPOConfig(TrainingArguments):
+class GRPOConfig(TRLArguments):
     """Configuration for `GRPOTrainer`. Every field has help text (`--help` in the CLI shows it)."""
 
     # --- overridden TrainingArguments defaults -------------------------------------------------
@@ -144,8 +147,9 @@ class GRPOConfig(TrainingArguments):
     loss_type: str = field(
         default="dapo",
         metadata={
-            "help": "Loss normalisation: 'grpo' (per-sequence mean), 'dapo' (per-token over the "
-            "batch), 'dr_grpo' (sum / (N * max_completion_length))."
+            "help": "Loss: 'grpo' (per-sequence mean), 'dapo' (per-token over the rollout), "
+            "'dr_grpo' (sum / (N * max_completion_length)), 'bnpo' (per-token over the "
+            "micro-batch), 'cispo', 'sapo', 'luspo' (sequence sums), 'vespo'."
         },
     )
     importance_sampling_level: str = field(
@@ -262,13 +266,15 @@ class GRPOConfig(TrainingArguments):
                 "so it needs at least 2 (RLOO too). Use num_generations=8 as a start."
             )
         check_loss_hyperparameters(
-            self.epsilon, self.epsilon_high, self.beta, self.max_completion_length
-        )
+            self.epsilon, self.epsilon_high, self.beta, self.max_completion_length,
+            self.delta, self.off_policy_mask_threshold,
+        )  # fmt: skip
         if self.temperature <= 0:
             raise ValueError(
                 f"temperature={self.temperature} must be > 0 for training (log-probs divide by it)."
             )
-        self.sampling_params()  # validates top_p, top_k and repetition_penalty
+        self.sampling_params()  # validates top_p, top_k, min_p and repetition_penalty
+        self.loss_params()  # validates the loss type's own hyperparameters
         if self.logprob_chunk_size < 1:
             raise ValueError(f"logprob_chunk_size={self.logprob_chunk_size} must be >= 1.")
         if self.num_iterations < 1:
@@ -330,6 +336,28 @@ class GRPOConfig(TrainingArguments):
             top_p=self.top_p,
             top_k=self.top_k or None,
             repetition_penalty=self.repetition_penalty,
+            min_p=self.min_p,
+            suppress_tokens=tuple((self.generation_kwargs or {}).get("suppress_tokens") or ()),
+        )
+
+    def loss_params(self) -> LossParams:
+        """The policy loss's hyperparameters (validated by `LossParams`)."""
+        return LossParams(
+            loss_type=self.loss_type,
+            importance_sampling_level=self.importance_sampling_level,
+            epsilon_low=self.epsilon,
+            epsilon_high=self.epsilon_high,
+            beta=self.beta,
+            max_completion_length=self.max_completion_length,
+            delta=self.delta,
+            use_bias_correction_kl=self.use_bias_correction_kl,
+            off_policy_mask_threshold=self.off_policy_mask_threshold,
+            sapo_temperature_pos=self.sapo_temperature_pos,
+            sapo_temperature_neg=self.sapo_temperature_neg,
+            vespo_k_pos=self.vespo_k_pos,
+            vespo_lambda_pos=self.vespo_lambda_pos,
+            vespo_k_neg=self.vespo_k_neg,
+            vespo_lambda_neg=self.vespo_lambda_neg,
         )
 
     @property

@@ -1,17 +1,18 @@
-"""What the trainer is given, checked before anything is loaded: datasets and reward functions."""
+"""What the trainer is given, checked before anything is loaded: datasets and reward weights
+(reward functions and models: `reward_models.resolve_reward_funcs`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-import reward_fns
+from .streaming import is_streamed, stream_columns
 
 
 def check_prompt_dataset(dataset: Any, name: str) -> Any:
-    """Accept a datasets.Dataset or a list of dicts; require a `prompt` column."""
+    """Accept a datasets.Dataset, an IterableDataset or a list of dicts; require a `prompt`
+    column."""
     if dataset is None:
         return None
     if isinstance(dataset, list):
@@ -19,19 +20,14 @@ def check_prompt_dataset(dataset: Any, name: str) -> Any:
 
         dataset = Dataset.from_list(dataset)
     columns = getattr(dataset, "column_names", None) or []
+    if not columns and is_streamed(dataset):
+        columns = stream_columns(dataset)
     if "prompt" not in columns:
         raise ValueError(
             f"{name} has no 'prompt' column (columns: {columns}). Rename the column holding the "
             "prompt text or chat messages, e.g. dataset.rename_column('question', 'prompt')."
         )
     return dataset
-
-
-def resolve_reward_funcs(reward_funcs: Any) -> list[Callable]:
-    funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-    if not funcs:
-        raise ValueError("reward_funcs is empty: pass at least one reward function or name.")
-    return [f if callable(f) else reward_fns.resolve(f) for f in funcs]
 
 
 def reward_weight_tensor(weights: list[float] | None, num_funcs: int) -> torch.Tensor:

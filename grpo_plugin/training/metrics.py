@@ -84,3 +84,30 @@ class MetricsWindow:
         self.values.clear()
         self.last_logged_step = global_step
         return out
+
+
+def format_completions(records: dict[str, list], limit: int, unique_prompts: bool = False) -> str:
+    """A plain-text table of up to `limit` completions of one rollout (prompt, completion, reward,
+    advantage); with `unique_prompts`, the first completion of each distinct prompt only."""
+    rows, seen = [], set()
+    for i, prompt in enumerate(records["prompt"]):
+        key = repr(prompt)
+        if unique_prompts and key in seen:
+            continue
+        seen.add(key)
+        rows.append(i)
+        if len(rows) == limit:
+            break
+
+    def short(value) -> str:
+        text = value if isinstance(value, str) else repr(value)
+        return " ".join(text.split())[:80]
+
+    lines = ["reward | advantage | prompt | completion"]
+    for i in rows:
+        reward, adv = records["reward"][i], records["advantage"][i]
+        lines.append(
+            f"{reward:.3f} | {adv:+.3f} | {short(records['prompt'][i])} | "
+            f"{short(records['completion'][i])}"
+        )
+    return "\n".join(lines)

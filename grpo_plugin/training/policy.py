@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import types
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from .._compat import moe_router_config, unwrap_peft
 from ..models import resolve_model_path
 
 if TYPE_CHECKING:
@@ -95,6 +97,25 @@ def model_init_kwargs(
     return out
 
 
+def trainer_init_kwargs(model: Any, args: Any, quantization_config: Any = None) -> dict[str, Any]:
+    """The trainer's `from_pretrained` kwargs for a policy (and reward models) given by name:
+    `model_init_kwargs`, TRL's `quantization_config` argument and `trust_remote_code`."""
+    if not isinstance(model, str) and (args.model_init_kwargs or quantization_config):
+        raise ValueError(
+            "model_init_kwargs and quantization_config only apply when `model` is a string; drop "
+            "them (or load the model yourself with them)."
+        )
+    kwargs = dict(args.model_init_kwargs or {})
+    if quantization_config is not None:
+        if "quantization_config" in kwargs:
+            raise ValueError(
+                "quantization_config is set twice (argument and model_init_kwargs); keep one."
+            )
+        kwargs["quantization_config"] = quantization_config
+    kwargs.setdefault("trust_remote_code", args.trust_remote_code)
+    return model_init_kwargs(kwargs, bf16=args.bf16)
+
+
 def load_model(name: str, init_kwargs: dict[str, Any] | None = None) -> PreTrainedModel:
     """`AutoModelForCausalLM.from_pretrained` on a path, Hub id or `embedded:` name."""
     return AutoModelForCausalLM.from_pretrained(resolve_model_path(name), **(init_kwargs or {}))
@@ -108,10 +129,14 @@ def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizer
     return tokenizer
 
 
-def load_tokenizer(model: PreTrainedModel, name: str | None) -> PreTrainedTokenizerBase:
+def load_tokenizer(
+    model: PreTrainedModel, name: str | None, trust_remote_code: bool = False
+) -> PreTrainedTokenizerBase:
     """The tokenizer saved next to the model, left-padded, with a pad token."""
     source = resolve_model_path(name) if name else model.config.name_or_path
-    return prepare_tokenizer(AutoTokenizer.from_pretrained(source))
+    return prepare_tokenizer(
+        AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    )
 
 
 def wrap_policy(
@@ -205,3 +230,61 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
         yield
     finally:
         model.train(was_training)
+
+
+def cast_lm_head_to_fp32(model: Any) -> None:
+    """Keep the LM head's weights in float32 and run it on float32 hidden states (ScaleRL,
+    https://arxiv.org/abs/2510.13786), so logits and log-probs come out of a float32 matmul.
+
+    With tied embeddings the shared weight becomes float32 too, and the embedding output is cast
+    back to the model's dtype. Refused when a LoRA adapter sits on the head (it would be bypassed).
+    """
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    base = unwrap_peft(model)
+    head = base.get_output_embeddings()
+    if isinstance(head, BaseTunerLayer):
+        raise ValueError(
+            "cast_lm_head_to_fp32=True is not supported with a LoRA adapter on lm_head: remove "
+            "'lm_head' from the adapter's target_modules, or set cast_lm_head_to_fp32=False."
+        )
+    model_dtype = head.weight.dtype
+    head.float()
+    head.forward = types.MethodType(_fp32_linear_forward, head)
+    if getattr(base.config, "tie_word_embeddings", False) and model_dtype != torch.float32:
+        base.get_input_embeddings().register_forward_hook(_cast_output_hook(model_dtype))
+
+
+def _fp32_linear_forward(self: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
+    bias = None if self.bias is None else self.bias.float()
+    return torch.nn.functional.linear(hidden.float(), self.weight.float(), bias)
+
+
+def _cast_output_hook(dtype: torch.dtype):
+    def hook(module, args, output):
+        return output.to(dtype)
+
+    return hook
+
+
+def router_aux_loss_coefficient(model: Any, requested: float | None) -> float:
+    """The weight of a MoE model's load-balancing loss: `requested`, else the model config's;
+    0.0 for a model without router logits (an error when a coefficient was requested for it)."""
+    declared = moe_router_config(model)
+    if declared is None:
+        if requested:
+            raise ValueError(
+                f"router_aux_loss_coef={requested} is set but {type(unwrap_peft(model)).__name__} "
+                "is not a Mixture-of-Experts model that returns router logits; leave it None."
+            )
+        return 0.0
+    return declared if requested is None else float(requested)
+
+
+@torch.no_grad()
+def mix_reference(ref_model: torch.nn.Module, model: torch.nn.Module, alpha: float) -> None:
+    """TR-DPO's reference update (https://arxiv.org/abs/2404.09656): ref <- alpha * policy +
+    (1 - alpha) * ref, parameter by parameter."""
+    policy = dict(unwrap_peft(model).named_parameters())
+    for name, ref_param in ref_model.named_parameters():
+        ref_param.mul_(1.0 - alpha).add_(policy[name].to(ref_param.dtype), alpha=alpha)

@@ -147,8 +147,13 @@ def run_summary(
     reward_weights: torch.Tensor,
     global_step: int,
     dataset_names: Sequence[str] = (),
+    reward_models: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The facts written to `grpo_run.json` (read by the card, the plot and `publish`)."""
+    """The facts written to `grpo_run.json` (read by the card, the plot and `publish`).
+
+    `reward_models` maps the name of each reward that is a reward model to its model id/path.
+    """
+    reward_models = reward_models or {}
     lora = _lora_summary(model)
     embedded = model_name == EMBEDDED_NAME
     return {
@@ -162,7 +167,9 @@ def run_summary(
         "max_completion_length": args.max_completion_length,
         "temperature": args.temperature,
         "reward_funcs": [
-            {"name": name, "weight": float(w)} for name, w in zip(reward_names, reward_weights)
+            {"name": name, "weight": float(w)}
+            | ({"model": reward_models[name]} if name in reward_models else {})
+            for name, w in zip(reward_names, reward_weights)
         ],
         "datasets": list(dataset_names),
         "lora": lora,

@@ -40,14 +40,15 @@ from ..core.batching import (
     shared_group_size,
 )
 from ..core.logprobs import completion_logprobs
-from ..core.objectives import group_advantages, policy_loss
+from ..core.objectives import decoupled_advantages, group_advantages
 from ..rollout.dynamic_sampling import refill
 from ..rollout.noise import KeyedNoise, RolloutKey
 from ..rollout.prompts import sample_groups
 from ..rollout.types import Rollout, TrainingBatch
-from . import distributed, rundir
-from .callbacks import MetricsJsonlCallback, RichProgressCallback
+from . import distributed, rundir, streaming
+from .callbacks import MetricsJsonlCallback, RichProgressCallback, SyncRefModelCallback
 from .config import GRPOConfig
+from .config_trl import warn_on_loss_combinations
 from .eval_setup import (
     check_eval_datasets,
     check_eval_setup,
@@ -56,18 +57,22 @@ from .eval_setup import (
     resolve_eval_metrics,
 )
 from .eval_watch import RewardHackingCallback
-from .inputs import check_prompt_dataset, resolve_reward_funcs, reward_weight_tensor
-from .metrics import MetricsWindow, completion_records, reward_metrics
+from .inputs import check_prompt_dataset, reward_weight_tensor
+from .metrics import MetricsWindow, completion_records, format_completions, reward_metrics
+from .objective import TrainingObjective
 from .policy import (
     build_reference,
+    cast_lm_head_to_fp32,
     eval_mode,
     load_model,
     load_tokenizer,
-    model_init_kwargs,
     prepare_tokenizer,
     reference_mode,
+    trainer_init_kwargs,
     wrap_policy,
 )
+from .reward_context import RewardContext, warn_if_unscored
+from .reward_models import is_reward_model, place_reward_models, resolve_reward_funcs
 from .scoring import score_rollout
 
 logger = logging.getLogger(__name__)
@@ -85,14 +90,16 @@ class GRPOTrainer(Trainer):
     def __init__(
         self,
         model: str | PreTrainedModel,
-        reward_funcs: Callable | str | Sequence[Callable | str],
+        reward_funcs: Callable | str | PreTrainedModel | Sequence[Any] | None = None,
         args: GRPOConfig | None = None,
         train_dataset: Any = None,
         eval_dataset: Any = None,
         processing_class: Any = None,
-        peft_config: Any = None,
+        reward_processing_classes: Any = None,
         callbacks: list | None = None,
         optimizers: tuple = (None, None),
+        quantization_config: Any = None,
+        peft_config: Any = None,
         eval_metrics: Callable | str | None = None,
     ):
         model_name = model if isinstance(model, str) else model.config._name_or_path
@@ -102,21 +109,27 @@ class GRPOTrainer(Trainer):
         # Cheap checks first: nothing is loaded before the inputs are known to be usable.
         train_dataset = check_prompt_dataset(train_dataset, "train_dataset")
         eval_dataset = check_eval_datasets(eval_dataset)
-        self.reward_funcs = resolve_reward_funcs(reward_funcs)
+        streaming.check_streamed_training(train_dataset, args)
+        init_kwargs = trainer_init_kwargs(model, args, quantization_config)
+        funcs = resolve_reward_funcs(reward_funcs, reward_processing_classes, init_kwargs)
+        self.reward_weights = reward_weight_tensor(args.reward_weights, len(funcs))
+        self.reward_context = RewardContext.of(self)  # trainer_state, log_extra, log_metric
+        self.reward_funcs = self.reward_context.wrap(funcs, keep=is_reward_model)
         self.reward_names = [reward_fns.reward_name(f) for f in self.reward_funcs]
+        self.reward_processing_classes = [getattr(f, "tokenizer", None) for f in funcs]
         self.eval_metrics = resolve_eval_metrics(eval_metrics)
         eval_sets = eval_set_names(eval_dataset)
         check_eval_setup(args, eval_sets, self.reward_names, self.eval_metrics is not None)
-        self.reward_weights = reward_weight_tensor(args.reward_weights, len(self.reward_funcs))
-        if not isinstance(model, str) and args.model_init_kwargs:
-            raise ValueError("model_init_kwargs only applies when `model` is a string; drop it.")
         # The trainer keeps its own copy of the config: the user's object is never written to.
         args = copy.copy(args)
         self._hub_token, args.hub_token = args.hub_token, None  # never saved with the args
         self.model_name = str(model_name)
         self.dataset_names: list[str] = []
-        model, processing_class = self._load_policy(model, processing_class, peft_config, args)
+        model, processing_class = self._load_policy(
+            model, processing_class, peft_config, args, init_kwargs
+        )
         self.ref_model = build_reference(model, args.beta)
+        self._objective = TrainingObjective.for_model(args, model)
         super().__init__(
             model=model,
             args=args,
@@ -133,6 +146,7 @@ class GRPOTrainer(Trainer):
         distributed.check_backend(self.accelerator)
         if self.ref_model is not None:
             self.ref_model.to(self.args.device)
+        self._add_trl_features(args)
         self.loss_is_scaled_for_ga = False  # the Trainer divides each micro-loss by GA
         self.model_accepts_loss_kwargs = False
         self._buffer: TrainingBatch | None = None
@@ -145,11 +159,13 @@ class GRPOTrainer(Trainer):
             args.num_generations, args.per_device_train_batch_size
         )
 
-    def _load_policy(self, model, processing_class, peft_config, args):
+    def _load_policy(self, model, processing_class, peft_config, args, init_kwargs):
         if isinstance(model, str):
-            model = load_model(model, model_init_kwargs(args.model_init_kwargs, bf16=args.bf16))
+            model = load_model(model, init_kwargs)
         name = self.model_name if isinstance(self.model_name, str) else None
-        tokenizer = prepare_tokenizer(processing_class or load_tokenizer(model, name))
+        tokenizer = prepare_tokenizer(
+            processing_class or load_tokenizer(model, name, args.trust_remote_code)
+        )
         set_seed(args.seed)  # LoRA initialisation draws from the global RNG: seed it first
         model = wrap_policy(
             model,
@@ -157,7 +173,16 @@ class GRPOTrainer(Trainer):
             gradient_checkpointing=args.gradient_checkpointing,
             disable_dropout=args.disable_dropout,
         )
+        if args.cast_lm_head_to_fp32:
+            cast_lm_head_to_fp32(model)  # before the reference copy, which inherits it
         return model, tokenizer
+
+    def _add_trl_features(self, args: GRPOConfig) -> None:
+        """Reward models on the policy's device, TR-DPO reference syncing, TRL's warnings."""
+        place_reward_models(self.reward_funcs, self.args.device, args.chat_template_kwargs)
+        if args.sync_ref_model:
+            self.add_callback(SyncRefModelCallback.from_args(self.ref_model, args))
+        warn_on_loss_combinations(args)
 
     def _replace_default_callbacks(self) -> None:
         self.remove_callback(PrinterCallback)
@@ -178,6 +203,9 @@ class GRPOTrainer(Trainer):
     def get_train_dataloader(self):
         if self.train_dataset is None:
             raise ValueError("GRPOTrainer.train() needs a train_dataset with a 'prompt' column.")
+        if streaming.is_streamed(self.train_dataset):
+            a = self.args
+            return streaming.stream_dataloader(self.train_dataset, a, a.process_index, a.world_size)
         return self._get_dataloader(
             dataset=self.train_dataset,
             description="Training",
@@ -212,8 +240,9 @@ class GRPOTrainer(Trainer):
         self._record_reward_metrics(sampled)
         batch = self._training_batch(rollout).to(self.args.device)
         batch = self._add_policy_logps(batch)
+        extra_columns = self.reward_context.pop_extra_columns()  # from log_extra
         if self.args.log_completions:
-            self._write_completions(rollout, batch.advantages)
+            self._write_completions(rollout, batch.advantages, extra_columns)
         batch = self._shuffle_for_reuse(batch)
         # dapo's normaliser: the global rollout's loss tokens per micro-slice and process
         tokens = distributed.mean_over_processes(self.accelerator, float(batch.loss_mask.sum()))
@@ -242,6 +271,7 @@ class GRPOTrainer(Trainer):
             )
         t1 = time.perf_counter()
         score_rollout(rollout, self.reward_funcs, self.reward_weights)
+        warn_if_unscored(rollout)
         self._metrics.add("timing/generate_s", t1 - t0)
         self._metrics.add("timing/reward_s", time.perf_counter() - t1)
         tokens = rollout.batch.num_generated_tokens
@@ -282,8 +312,12 @@ class GRPOTrainer(Trainer):
 
     def _training_batch(self, rollout: Rollout) -> TrainingBatch:
         a, b = self.args, rollout.batch
-        grouped = rollout.rewards.view(-1, a.num_generations)  # (P, G)
-        advantages = group_advantages(grouped, estimator=a.estimator).reshape(-1)  # (N,)
+        if a.multi_objective_aggregation == "normalize_then_sum":  # GDPO
+            per_func = rollout.per_func.view(-1, a.num_generations, len(self.reward_funcs))
+            advantages = decoupled_advantages(per_func, self.reward_weights).reshape(-1)  # (N,)
+        else:
+            grouped = rollout.rewards.view(-1, a.num_generations)  # (P, G)
+            advantages = group_advantages(grouped, estimator=a.estimator).reshape(-1)  # (N,)
         loss_mask = b.completion_mask.clone()  # (N, Tc)
         if a.mask_truncated_completions:
             loss_mask[b.is_truncated] = 0
@@ -294,7 +328,7 @@ class GRPOTrainer(Trainer):
             completion_mask=b.completion_mask,
             loss_mask=loss_mask,
             advantages=advantages.float(),
-        )
+        ).padded_to_multiple(a.pad_to_multiple_of, self.processing_class.pad_token_id)
 
     @torch.no_grad()
     def _add_policy_logps(self, batch: TrainingBatch) -> TrainingBatch:
@@ -307,18 +341,20 @@ class GRPOTrainer(Trainer):
                 batch.ref_logps = self._logps(ref, batch)[0]
         return batch
 
-    def _write_completions(self, rollout: Rollout, advantages: torch.Tensor) -> None:
+    def _write_completions(self, rollout: Rollout, advantages: torch.Tensor, extra: dict) -> None:
         pad_id = self.processing_class.pad_token_id
         rollout, advantages = distributed.gather_rollout(
             self.accelerator, rollout, pad_id, advantages
         )
         if not self.is_world_process_zero():
             return
-        step = self.state.global_step
+        step, a = self.state.global_step, self.args
         records = completion_records(rollout, advantages.cpu(), self.reward_names, step)
-        rundir.write_completions_parquet(
-            rundir.completions_file(self.args.output_dir, step), records
-        )
+        records.update({k: v for k, v in extra.items() if len(v) == len(rollout.completions)})
+        rundir.write_completions_parquet(rundir.completions_file(a.output_dir, step), records)
+        if a.num_completions_to_print:
+            table = format_completions(records, a.num_completions_to_print, a.log_unique_prompts)
+            logger.info("Completions at step %d:\n%s", step, table)
 
     def _shuffle_for_reuse(self, batch: TrainingBatch) -> TrainingBatch:
         a, G = self.args, self.args.num_generations
@@ -329,13 +365,14 @@ class GRPOTrainer(Trainer):
         return batch.select(order.to(batch.advantages.device))
 
     # --- loss ----------------------------------------------------------------------------------
-    def _logps(self, model, batch: TrainingBatch, entropy: bool = False):
-        """Completion log-probs (and entropies) of `model`, run through its DDP / FSDP wrapper."""
+    def _logps(self, model, batch: TrainingBatch, entropy: bool = False, loss: bool = False):
+        """(logps, entropy) of `model`, run through its DDP / FSDP wrapper; for the loss also the
+        MoE aux loss and, if needed, entropy grads."""
         return distributed.forward_through(
-            self.accelerator, model, lambda policy: self._policy_logps(policy, batch, entropy)
+            self.accelerator, model, lambda policy: self._policy_logps(policy, batch, entropy, loss)
         )
 
-    def _policy_logps(self, model, batch: TrainingBatch, entropy: bool):
+    def _policy_logps(self, model, batch: TrainingBatch, entropy: bool, loss: bool):
         return completion_logprobs(
             model,
             batch.prompt_ids,
@@ -349,6 +386,9 @@ class GRPOTrainer(Trainer):
                 self.accelerator, self.args.share_prompt_prefix
             ),
             return_entropy=entropy,
+            entropy_grad=loss and self._objective.needs_entropy_grad,
+            pad_to_multiple_of=self.args.pad_to_multiple_of,
+            return_aux_loss=loss and self._objective.needs_aux_loss,
         )
 
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -363,32 +403,17 @@ class GRPOTrainer(Trainer):
     def compute_loss(
         self, model, inputs: TrainingBatch, return_outputs=False, num_items_in_batch=None
     ):
-        a = self.args
-        logps, entropy = self._logps(model, inputs, entropy=True)  # (n, Tc)
-        mask = inputs.loss_mask
-        loss, stats = policy_loss(
-            logps,
-            inputs.old_logps,
-            inputs.ref_logps,
-            inputs.advantages,
-            mask,
-            loss_type=a.loss_type,
-            importance_sampling_level=a.importance_sampling_level,
-            epsilon_low=a.epsilon,
-            epsilon_high=a.epsilon_high,
-            beta=a.beta,
-            max_completion_length=a.max_completion_length,
+        logps, entropy, *aux = self._logps(model, inputs, entropy=True, loss=True)  # (n, Tc)
+        loss, metrics = self._objective(
+            logps, entropy, inputs, self._loss_tokens_per_slice, *aux, training=model.training
         )
-        if a.loss_type == "dapo":  # per-token mean over the whole rollout, not this micro-batch
-            loss = loss * max(float(mask.sum()), 1.0) / max(self._loss_tokens_per_slice, 1.0)
-        self._record_loss_metrics(stats, entropy, inputs.completion_mask)
+        if model.training and self.accelerator.sync_gradients:
+            metrics.update(self._objective.end_optimizer_step())
+        self._record_loss_metrics(metrics, entropy, inputs.completion_mask)
         return (loss, None) if return_outputs else loss
 
-    def _record_loss_metrics(self, stats: dict, entropy: torch.Tensor, completion_mask) -> None:
-        for key in ("clip_ratio/low", "clip_ratio/high", "clip_ratio/region"):
-            self._metrics.add(f"{key}_mean", stats[key])
-        if "kl" in stats:
-            self._metrics.add("kl", stats["kl"])
+    def _record_loss_metrics(self, metrics: dict, entropy: torch.Tensor, completion_mask) -> None:
+        self._metrics.update(metrics)
         valid = completion_mask.bool()
         if entropy is not None and valid.any():
             self._metrics.add("entropy", entropy[valid].mean().item())
@@ -422,6 +447,11 @@ class GRPOTrainer(Trainer):
             self.reward_weights,
             self.state.global_step,
             self.dataset_names,
+            {
+                n: f.source
+                for n, f in zip(self.reward_names, self.reward_funcs)
+                if is_reward_model(f)
+            },
         )
         summary["evaluation"] = self.eval_watch.summary(self.args, self.state)
         return summary

@@ -274,3 +274,54 @@ def test_chunked_peak_memory_is_lower_at_large_vocab():
     # naive: (4 x 256 x 50k) fp32 logits = 195 MiB, plus its log-softmax and their grads
     assert peaks["naive"] > 400, peaks  # measured ~760 MiB
     assert peaks["chunked"] < peaks["naive"] / 3, peaks  # measured ~95 MiB
+
+
+# ----------------------------------------------------------------------------- TRL 1.16 extras
+
+
+def test_entropy_with_grad_matches_full_logits_entropy_and_its_gradient(tiny_model):
+    batch = _group_batch()
+    mask = batch[3].float()
+    _, naive_entropy = _naive(tiny_model, *batch)
+    (naive_grad,) = torch.autograd.grad((naive_entropy * mask).sum(), tiny_model.lm_head.weight)
+    _, entropy = completion_logprobs(tiny_model, *batch, chunk_size=4, return_entropy=True,
+                                     entropy_grad=True)  # fmt: skip
+    assert entropy.requires_grad
+    assert torch.allclose(entropy, naive_entropy, atol=1e-5)
+    (grad,) = torch.autograd.grad((entropy * mask).sum(), tiny_model.lm_head.weight)
+    assert torch.allclose(grad, naive_grad, atol=1e-5) and grad.abs().sum() > 0
+    _, detached = completion_logprobs(tiny_model, *batch, return_entropy=True)
+    assert not detached.requires_grad
+
+
+def test_pad_to_multiple_of_keeps_every_value(tiny_model):
+    batch = _group_batch(prompt_lengths=(7, 3), width=6)
+    plain, _ = completion_logprobs(tiny_model, *batch)
+    padded, _ = completion_logprobs(tiny_model, *batch, pad_to_multiple_of=4)
+    assert torch.allclose(plain, padded, atol=1e-5)
+
+
+def _tiny_moe(seed=0):
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2MoeConfig(vocab_size=100, hidden_size=32, intermediate_size=64,
+                            moe_intermediate_size=16, shared_expert_intermediate_size=16,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            num_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.01,
+                            max_position_embeddings=128)  # fmt: skip
+    return Qwen2MoeForCausalLM(config)
+
+
+def test_moe_aux_loss_is_the_models_own_load_balancing_loss():
+    model = _tiny_moe()
+    batch = _group_batch(prompt_lengths=(5, 5), width=6, real_lengths=[6, 4, 2, 6, 6, 1])
+    logps, _, aux = completion_logprobs(model, *batch, return_aux_loss=True)
+    mask = torch.cat([batch[1], batch[3]], 1)
+    out = model(input_ids=torch.cat([batch[0], batch[2]], 1), attention_mask=mask,
+                output_router_logits=True)  # fmt: skip
+    assert aux.item() == pytest.approx(out.aux_loss.item(), rel=1e-5) and aux.item() > 1.0
+    (grad,) = torch.autograd.grad(aux, model.model.layers[0].mlp.gate.weight)
+    assert grad.abs().sum() > 0  # the router learns from it
+    plain, _ = completion_logprobs(model, *batch)
+    assert torch.allclose(logps, plain, atol=1e-5)

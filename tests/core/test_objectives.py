@@ -1,5 +1,6 @@
-"""Tests for grpo_plugin.objectives: hand-derived values, clip boundaries, gradcheck, k3, errors,
-and agreement with an independent float64 numpy implementation of the issue's specification."""
+"""Tests for grpo_plugin.core.objectives: hand-derived values, clip boundaries, gradcheck, k3,
+errors, and agreement with an independent float64 numpy implementation of TRL 1.16's loss
+(every loss type; the per-type hand-derived values are in test_surrogates.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from grpo_plugin.core.losses import CLIPPED_LOSS_TYPES
 from grpo_plugin.core.objectives import (
     ESTIMATORS,
     IMPORTANCE_SAMPLING_LEVELS,
@@ -302,20 +304,25 @@ def off_kink_inputs(level: str, seed: int, eps_low: float = 0.2, eps_high: float
     return logps, logps - log_ratio, ref, adv, mask
 
 
+# vespo's weight is detached by design (its gradient is not the derivative of its value):
+# test_surrogates.py checks its gradient by hand. cispo's weight is detached too, so it is
+# gradchecked where every ratio is clipped to eps_max (a constant weight).
 @pytest.mark.parametrize("beta", [0.0, 0.04])
 @pytest.mark.parametrize("level", IMPORTANCE_SAMPLING_LEVELS)
-@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+@pytest.mark.parametrize("loss_type", [t for t in LOSS_TYPES if t != "vespo"])
 def test_gradcheck_float64(loss_type, level, beta):
     logps, old, ref, adv, mask = off_kink_inputs(level, seed=7)
     kwargs = dict(
         loss_type=loss_type,
         importance_sampling_level=level,
         epsilon_low=0.2,
-        epsilon_high=0.28,
+        epsilon_high=0.3 if loss_type == "cispo" else 0.28,  # all ratios >= 0.5: clipped
         beta=beta,
+        delta=1.5 if loss_type == "luspo" else None,  # two-sided clipping exercised too
     )
     _, stats = policy_loss(logps, old, ref, adv, mask, **kwargs)
-    assert stats["clip_ratio/region"] > 0  # the clipped branch is exercised too
+    if loss_type in CLIPPED_LOSS_TYPES:
+        assert stats["clip_ratio/region"] > 0  # the clipped branch is exercised too
     logps = logps.clone().requires_grad_()
     assert torch.autograd.gradcheck(
         lambda lp: policy_loss(lp, old, ref, adv, mask, **kwargs)[0],
@@ -350,44 +357,67 @@ def np_advantages(rewards: np.ndarray, estimator: str, eps: float = 1e-8) -> np.
     return out
 
 
+def np_token_objective(loss_type, rho, lp, a, el, eh, delta, phi):
+    """TRL 1.16's per-token objective (to maximise) for one token."""
+    if loss_type == "cispo":
+        return min(rho, eh) * a * lp
+    if loss_type == "sapo":
+        tau = 1.0 if a > 0 else 1.05
+        return 4.0 / tau / (1.0 + math.exp(-tau * (rho - 1.0))) * a
+    if loss_type == "vespo":
+        return phi * a * lp
+    capped = rho if delta is None else min(rho, delta)
+    return min(capped * a, min(max(rho, 1 - el), 1 + eh) * a)
+
+
+def np_vespo_phi(log_ratios, a):
+    k, lam = (2.0, 3.0) if a >= 0 else (3.0, 2.0)
+    log_w = min(max(sum(min(max(x, -20.0), 20.0) for x in log_ratios), math.log(1e-8)), 20.0)
+    return math.exp(lam + k * log_w - lam * math.exp(log_w))
+
+
 def np_policy_loss(lp, old, ref, adv, mask, **spec):
-    """The issue's specification, one token at a time, in float64 numpy."""
+    """TRL 1.16's loss, one token at a time, in float64 numpy."""
     loss_type, level, beta = spec["loss_type"], spec["importance_sampling_level"], spec["beta"]
-    el, max_len = spec["epsilon_low"], spec["max_completion_length"]
+    el, max_len, delta = spec["epsilon_low"], spec["max_completion_length"], spec.get("delta")
     eh = spec["epsilon_high"] or el
     n, t = lp.shape
-    loss_rows, ratios, klv = [], np.zeros((n, t)), np.zeros((n, t))
-    total, n_tok = 0.0, 0
-    low = high = 0
+    loss_rows, seq_sums, ratios, klv = [], [], np.zeros((n, t)), np.zeros((n, t))
+    total, n_tok, phis = 0.0, 0, []
+    low = high = cispo = 0
     for i in range(n):
         valid = np.flatnonzero(mask[i])
         seq_log = (lp[i, valid] - old[i, valid]).sum() / max(1, valid.size)
+        phi = np_vespo_phi(lp[i, valid] - old[i, valid], adv[i])
+        phis.append(phi)
         terms = []
         for j in valid:
             rho = math.exp(seq_log if level == "sequence" else lp[i, j] - old[i, j])
-            o = min(rho * adv[i], min(max(rho, 1 - el), 1 + eh) * adv[i])
+            o = np_token_objective(loss_type, rho, lp[i, j], adv[i], el, eh, delta, phi)
             d = ref[i, j] - lp[i, j]
-            klv[i, j] = math.exp(d) - d - 1
+            klv[i, j] = (math.exp(d) - d - 1) * (rho if spec["use_bias_correction_kl"] else 1.0)
             terms.append(-o + beta * klv[i, j])
             ratios[i, j] = rho
             low += rho < 1 - el and adv[i] < 0
             high += rho > 1 + eh and adv[i] > 0
+            cispo += rho > eh and adv[i] > 0
         loss_rows.append(sum(terms) / max(1, valid.size))
+        seq_sums.append(sum(terms))
         total += sum(terms)
         n_tok += valid.size
-    loss = {
-        "grpo": np.mean(loss_rows),
-        "dapo": total / max(1, n_tok),
-        "dr_grpo": total / (n * (max_len or t)),
-    }[loss_type]
+    token_mean = total / max(1, n_tok)
+    loss = {"grpo": np.mean(loss_rows), "sapo": np.mean(loss_rows), "dapo": token_mean,
+            "bnpo": token_mean, "cispo": token_mean, "vespo": token_mean,
+            "dr_grpo": total / (n * (max_len or t)), "luspo": np.mean(seq_sums)}[loss_type]  # fmt: skip
     nv = max(1, n_tok)
-    stats = {
-        "clip_ratio/low": low / nv,
-        "clip_ratio/high": high / nv,
-        "clip_ratio/region": (low + high) / nv,
-        "ratio/mean": ratios.sum() / nv,
-        "kl": klv.sum() / nv,
-    }
+    stats = {"ratio/mean": ratios.sum() / nv, "kl": klv.sum() / nv}
+    if loss_type in CLIPPED_LOSS_TYPES:
+        stats.update({"clip_ratio/low": low / nv, "clip_ratio/high": high / nv,
+                      "clip_ratio/region": (low + high) / nv})  # fmt: skip
+    if loss_type == "cispo":
+        stats["cispo_clip_ratio"] = cispo / nv
+    if loss_type == "vespo":
+        stats["vespo/phi_seq_mean"] = float(np.mean(phis))
     return loss, stats
 
 
@@ -413,11 +443,15 @@ def test_matches_independent_numpy_reference(seed):
         expected_adv = np_advantages(rewards, estimator)
         adv = group_advantages(torch.from_numpy(rewards), estimator)
         np.testing.assert_allclose(adv.numpy(), expected_adv, rtol=1e-12, atol=1e-12)
-        for loss_type, level, beta, (el, eh, max_len) in itertools.product(
-            LOSS_TYPES, IMPORTANCE_SAMPLING_LEVELS, [0.0, 0.04], [(0.2, None, None), (0.1, 0.3, 9)]
+        for loss_type, level, beta, (el, eh, max_len, delta, corrected) in itertools.product(
+            LOSS_TYPES,
+            IMPORTANCE_SAMPLING_LEVELS,
+            [0.0, 0.04],
+            [(0.2, None, None, None, False), (0.1, 0.3, 9, 1.2, True)],
         ):
             spec = dict(loss_type=loss_type, importance_sampling_level=level, beta=beta)
             spec.update(epsilon_low=el, epsilon_high=eh, max_completion_length=max_len)
+            spec.update(delta=delta, use_bias_correction_kl=corrected)
             loss, stats = policy_loss(*tensors[:3], adv.reshape(-1), tensors[3], **spec)
             ref_loss, ref_stats = np_policy_loss(
                 *arrays[:3], expected_adv.reshape(-1), mask, **spec
@@ -444,7 +478,7 @@ def call(**overrides):
 @pytest.mark.parametrize(
     "overrides,pattern",
     [
-        (dict(loss_type="bnpo"), "loss_type must be one of 'grpo', 'dapo', 'dr_grpo'"),
+        (dict(loss_type="ppo"), "loss_type must be one of 'grpo', 'dapo', 'dr_grpo', 'bnpo'"),
         (
             dict(importance_sampling_level="group"),
             "importance_sampling_level must be one of 'token', 'sequence'",
@@ -484,12 +518,19 @@ def test_objective_names_and_papers():
     assert objective_name("grpo", "token", "dr_grpo") == "Dr. GRPO"
     assert objective_name("grpo", "sequence", "grpo") == "GSPO"
     assert objective_name("grpo", "token", "rloo") == "RLOO"
+    assert objective_name("cispo", "token", "grpo") == "CISPO"
+    assert objective_name("luspo", "sequence", "grpo") == "LUSPO"
+    assert objective_name("bnpo", "token", "grpo") == "GRPO"
     assert PAPERS == {
         "GRPO": "https://arxiv.org/abs/2402.03300",
         "DAPO": "https://arxiv.org/abs/2503.14476",
         "Dr. GRPO": "https://arxiv.org/abs/2503.20783",
         "GSPO": "https://arxiv.org/abs/2507.18071",
         "RLOO": "https://arxiv.org/abs/2402.14740",
+        "CISPO": "https://arxiv.org/abs/2506.13585",
+        "SAPO": "https://arxiv.org/abs/2511.20347",
+        "LUSPO": "https://arxiv.org/abs/2602.05261",
+        "VESPO": "https://arxiv.org/abs/2602.10693",
     }
     with pytest.raises(ValueError, match="estimator must be one of"):
         objective_name("grpo", "token", "ppo")

@@ -30,7 +30,7 @@ def test_generation_batch_is_derived_like_trl(tmp_path):
     [
         ({"num_generations": 1}, "at least 2"),
         ({"per_device_train_batch_size": 12}, "not divisible by num_generations=8"),
-        ({"loss_type": "bnpo"}, "loss_type='bnpo' is not supported; use one of grpo, dapo"),
+        ({"loss_type": "ppo"}, "loss_type='ppo' is not supported; use one of grpo, dapo"),
         ({"importance_sampling_level": "seq"}, "importance_sampling_level"),
         ({"advantage_estimator": "ppo"}, "advantage_estimator='ppo'"),
         ({"scale_rewards": "max"}, "scale_rewards"),
@@ -60,5 +60,8 @@ def test_advantage_estimator_overrides_scale_rewards(tmp_path, scale, estimator,
 def test_every_field_has_help():
     from dataclasses import fields
 
-    own = [f for f in fields(GRPOConfig) if f.name in GRPOConfig.__annotations__]
+    from grpo_plugin.training.config_trl import TRLArguments
+
+    names = set(GRPOConfig.__annotations__) | set(TRLArguments.__annotations__)
+    own = [f for f in fields(GRPOConfig) if f.name in names]
     assert own and all(f.metadata.get("help") for f in own)

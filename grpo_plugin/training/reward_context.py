@@ -1,0 +1,121 @@
+"""What a reward function may receive besides the batch, exactly as TRL 1.16 passes it.
+
+- `trainer_state`: the `transformers.TrainerState` (global step, epoch, log history), for rewards
+  that change with training progress;
+- `log_extra(column, values)`: extra columns (one value per completion) for the completions table
+  (`completions/step_XXXXX.parquet`);
+- `log_metric(name, value)`: a scalar averaged into the next log line, next to `reward`, `kl`, ...
+
+TRL passes the three to every function, so its reward functions must take `**kwargs`. Here a
+function receives only the ones it declares (by name, or all of them through `**kwargs`), so a
+function written without them keeps working.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from reward_fns import is_async_reward
+
+from ..rollout.types import Rollout
+
+logger = logging.getLogger(__name__)
+
+TRAINER_KWARGS = ("trainer_state", "log_extra", "log_metric")
+
+
+class RewardContext:
+    """The trainer-side objects behind `trainer_state`, `log_extra` and `log_metric`."""
+
+    def __init__(self, get_state: Callable[[], Any], add_metric: Callable[[str, float], None]):
+        self._get_state, self._add_metric = get_state, add_metric
+        self.extra_columns: dict[str, list[Any]] = defaultdict(list)
+
+    @classmethod
+    def of(cls, trainer: Any) -> RewardContext:
+        """The context of a `GRPOTrainer`: its live `state`; metrics into its metrics window."""
+        return cls(lambda: trainer.state, lambda name, value: trainer._metrics.add(name, value))
+
+    def wrap(self, funcs: list[Callable], keep: Callable[[Callable], bool]) -> list[Callable]:
+        """Every function of `funcs` receiving the trainer kwargs it declares (`keep(f)`: as is)."""
+        return [f if keep(f) else with_trainer_kwargs(f, self) for f in funcs]
+
+    def log_extra(self, column: str, values: list[Any]) -> None:
+        """Add `values` (one per completion) to the completions table's `column`."""
+        self.extra_columns[column].extend(values)
+
+    def log_metric(self, name: str, value: float) -> None:
+        """Average `value` into the metric `name` of the next log line."""
+        self._add_metric(name, float(value))
+
+    def kwargs(self) -> dict[str, Any]:
+        return {
+            "trainer_state": self._get_state(),
+            "log_extra": self.log_extra,
+            "log_metric": self.log_metric,
+        }
+
+    def pop_extra_columns(self) -> dict[str, list[Any]]:
+        """The columns logged since the last call (then forgotten)."""
+        columns, self.extra_columns = dict(self.extra_columns), defaultdict(list)
+        return columns
+
+
+def declared_trainer_kwargs(fn: Callable) -> tuple[str, ...]:
+    """Which of `TRAINER_KWARGS` `fn` accepts: all with `**kwargs`, else those it names."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return TRAINER_KWARGS
+    names = {p.name for p in params}
+    return tuple(k for k in TRAINER_KWARGS if k in names)
+
+
+def with_trainer_kwargs(fn: Callable, context: RewardContext) -> Callable:
+    """`fn` receiving the trainer kwargs it declares (`fn` itself when it declares none)."""
+    wanted = declared_trainer_kwargs(fn)
+    if not wanted:
+        return fn
+
+    def extra() -> dict[str, Any]:
+        return {k: v for k, v in context.kwargs().items() if k in wanted}
+
+    if is_async_reward(fn):
+
+        @functools.wraps(fn)
+        async def async_wrapper(**kwargs: Any) -> Any:
+            return await fn(**kwargs, **extra())
+
+        return async_wrapper
+
+    @functools.wraps(fn)
+    def wrapper(**kwargs: Any) -> Any:
+        return fn(**kwargs, **extra())
+
+    return wrapper
+
+
+def warn_if_unscored(rollout: Rollout) -> int:
+    """Warn (as TRL does) when every reward function returned None for some completion; returns
+    how many completions no function scored (their advantage is 0)."""
+    unscored = torch.isnan(rollout.per_func).all(dim=1)  # (N,)
+    count = int(unscored.sum())
+    if count:
+        i = int(unscored.nonzero()[0])
+        row = {k: v[i] for k, v in rollout.columns.items()}
+        logger.warning(
+            "All reward functions returned None for %d of %d completions, e.g. sample %d "
+            "(prompt=%r, completion=%r, columns=%r); they get advantage 0. Make sure at least one "
+            "reward function scores every sample.",
+            count, len(unscored), i, rollout.prompts[i], rollout.completions[i], row,
+        )  # fmt: skip
+    return count

@@ -1,0 +1,75 @@
+"""trainer_state, log_extra and log_metric reach reward functions as TRL 1.16 passes them; functions
+that do not declare them keep working; all-None rewards are warned about."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pyarrow.parquet as pq
+from conftest import frac_sevens, make_trainer
+
+from grpo_plugin.training.reward_context import (
+    RewardContext,
+    declared_trainer_kwargs,
+    with_trainer_kwargs,
+)
+
+
+def test_only_declared_trainer_kwargs_are_passed():
+    def named(prompts, completions, trainer_state, **columns): ...
+    def plain(prompts, completions, answer=None): ...
+    def variadic(prompts, completions, **kwargs): ...
+
+    assert declared_trainer_kwargs(named) == ("trainer_state", "log_extra", "log_metric")
+    assert declared_trainer_kwargs(plain) == ()
+    assert declared_trainer_kwargs(variadic) == ("trainer_state", "log_extra", "log_metric")
+
+    def only_state(prompts, completions, trainer_state):
+        return [trainer_state] * len(completions)
+
+    context = RewardContext(lambda: "STATE", lambda name, value: None)
+    wrapped = with_trainer_kwargs(only_state, context)
+    assert wrapped(prompts=["p"], completions=["c"]) == ["STATE"]
+    assert wrapped.__name__ == "only_state"
+    assert with_trainer_kwargs(plain, context) is plain
+
+    async def async_reward(prompts, completions, log_metric):
+        log_metric("seen", 2.0)
+        return [1.0]
+
+    metrics = []
+    context = RewardContext(lambda: None, lambda name, value: metrics.append((name, value)))
+    wrapped = with_trainer_kwargs(async_reward, context)
+    assert asyncio.run(wrapped(prompts=["p"], completions=["c"])) == [1.0]
+    assert metrics == [("seen", 2.0)]
+
+
+def test_rewards_see_the_state_log_columns_and_metrics(tiny_tokenizer, tmp_path):
+    steps = []
+
+    def shaped(prompts, completions, trainer_state, log_extra, log_metric, **columns):
+        steps.append(trainer_state.global_step)
+        log_extra("length", [len(c) for c in completions])
+        log_metric("shaped/mean_length", sum(map(len, completions)) / len(completions))
+        return frac_sevens(prompts, completions)
+
+    trainer = make_trainer(tiny_tokenizer, tmp_path, reward=[shaped, frac_sevens], max_steps=2,
+                           log_completions=True)  # fmt: skip
+    trainer.train()
+    assert steps == [0, 1]  # the live TrainerState, one call per rollout
+    assert all("shaped/mean_length" in h for h in trainer.state.log_history[:2])
+    table = pq.read_table(tmp_path / "out" / "completions" / "step_00001.parquet")
+    assert table.column("length").to_pylist() == [
+        len(c) for c in table.column("completion").to_pylist()
+    ]
+
+
+def test_all_none_rewards_are_warned_about(tiny_tokenizer, tmp_path, caplog):
+    def never(prompts, completions, **kwargs):
+        return [None] * len(completions)
+
+    trainer = make_trainer(tiny_tokenizer, tmp_path, reward=never, max_steps=1)
+    with caplog.at_level(logging.WARNING):
+        trainer.train()
+    assert "All reward functions returned None for 16 of 16 completions" in caplog.text
