@@ -83,9 +83,14 @@ class LossParams:
         _check_choice(
             "importance_sampling_level", self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS
         )
-        check_loss_hyperparameters(self.epsilon_low, self.epsilon_high, self.beta,
-                                   self.max_completion_length, self.delta,
-                                   self.off_policy_mask_threshold)  # fmt: skip
+        check_loss_hyperparameters(
+            self.epsilon_low,
+            self.epsilon_high,
+            self.beta,
+            self.max_completion_length,
+            self.delta,
+            self.off_policy_mask_threshold,
+        )
         for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be > 0.")
@@ -187,8 +192,8 @@ def _surrogate(p: LossParams, ratio, log_ratio, logps, adv, weight):
     if p.loss_type == "sapo":
         return sapo_surrogate(ratio, adv, p.sapo_temperature_pos, p.sapo_temperature_neg), {}
     if p.loss_type == "vespo":
-        phi = vespo_gamma_weights(log_ratio, weight, adv, p.vespo_k_pos, p.vespo_lambda_pos,
-                                  p.vespo_k_neg, p.vespo_lambda_neg)  # fmt: skip
+        k_lambda = (p.vespo_k_pos, p.vespo_lambda_pos, p.vespo_k_neg, p.vespo_lambda_neg)
+        phi = vespo_gamma_weights(log_ratio, weight, adv, *k_lambda)  # (N, 1), detached
         return vespo_surrogate(phi, logps, adv), {"vespo/phi_seq_mean": phi.mean().item()}
     return clipped_surrogate(ratio, adv, p.epsilon_low, p.eps_high, p.delta), {}
 
@@ -239,8 +244,8 @@ def _loss_stats(p: LossParams, ratio, adv, weight, kl) -> dict[str, float]:
     if p.loss_type in CLIPPED_LOSS_TYPES:
         low = _masked_mean((ratio < 1.0 - p.epsilon_low) & (adv < 0), weight)
         high = _masked_mean((ratio > 1.0 + p.eps_high) & (adv > 0), weight)
-        stats.update({"clip_ratio/low": low, "clip_ratio/high": high,
-                      "clip_ratio/region": low + high})  # fmt: skip
+        stats.update({"clip_ratio/low": low, "clip_ratio/high": high})
+        stats["clip_ratio/region"] = low + high
     if kl is not None:
         stats["kl"] = _masked_mean(kl, weight)
     return stats

@@ -266,9 +266,13 @@ class GRPOConfig(TRLArguments):
                 "so it needs at least 2 (RLOO too). Use num_generations=8 as a start."
             )
         check_loss_hyperparameters(
-            self.epsilon, self.epsilon_high, self.beta, self.max_completion_length,
-            self.delta, self.off_policy_mask_threshold,
-        )  # fmt: skip
+            self.epsilon,
+            self.epsilon_high,
+            self.beta,
+            self.max_completion_length,
+            self.delta,
+            self.off_policy_mask_threshold,
+        )
         if self.temperature <= 0:
             raise ValueError(
                 f"temperature={self.temperature} must be > 0 for training (log-probs divide by it)."

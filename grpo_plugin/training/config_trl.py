@@ -323,9 +323,8 @@ def warn_on_loss_combinations(args: Any) -> None:
             "loss_type='vespo' builds its own sequence-level weight from token log-ratios; leave "
             "importance_sampling_level='token'."
         )
-    if args.importance_sampling_level == "sequence" and args.loss_type in (
-        "bnpo", "dr_grpo", "dapo", "cispo"
-    ):  # fmt: skip
+    token_summed = ("bnpo", "dr_grpo", "dapo", "cispo")
+    if args.importance_sampling_level == "sequence" and args.loss_type in token_summed:
         logger.warning(
             "importance_sampling_level='sequence' with loss_type=%r sums a sequence-level ratio "
             "over tokens, which weights each sequence by its length instead of optimizing GSPO's "

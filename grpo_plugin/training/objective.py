@@ -72,10 +72,10 @@ class TrainingObjective:
         token_mask = None
         if self.top_entropy_quantile < 1.0:
             token_mask = high_entropy_mask(entropy.detach(), mask, self.top_entropy_quantile)
+        old, ref = batch.old_logps, batch.ref_logps
         loss, stats = policy_loss(
-            logps, batch.old_logps, batch.ref_logps, batch.advantages, mask, self.params,
-            token_mask=token_mask,
-        )  # fmt: skip
+            logps, old, ref, batch.advantages, mask, self.params, token_mask=token_mask
+        )
         if self.params.loss_type in TOKEN_LEVEL_LOSS_TYPES:  # per-token mean over the rollout
             loss = loss * max(float(mask.sum()), 1.0) / max(tokens_per_slice, 1.0)
         metrics = _loss_metrics(stats)

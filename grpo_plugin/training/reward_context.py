@@ -112,10 +112,11 @@ def warn_if_unscored(rollout: Rollout) -> int:
     if count:
         i = int(unscored.nonzero()[0])
         row = {k: v[i] for k, v in rollout.columns.items()}
+        prompt, completion = rollout.prompts[i], rollout.completions[i]
         logger.warning(
             "All reward functions returned None for %d of %d completions, e.g. sample %d "
             "(prompt=%r, completion=%r, columns=%r); they get advantage 0. Make sure at least one "
             "reward function scores every sample.",
-            count, len(unscored), i, rollout.prompts[i], rollout.completions[i], row,
-        )  # fmt: skip
+            *(count, len(unscored), i, prompt, completion, row),
+        )
     return count

@@ -45,7 +45,8 @@ class RewardModel:
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         # The classifier scores the last non-pad token, found through the config's pad id.
-        text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config  # fmt: skip
+        config = model.config
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
         text_config.pad_token_id = tokenizer.pad_token_id
         model.eval().requires_grad_(False)
 
@@ -176,6 +177,8 @@ def _resolve_one(entry, tokenizer, init_kwargs, trust_remote_code) -> Callable:
         return RewardModel(entry, tokenizer or _load_tokenizer(entry, trust_remote_code))
     if callable(entry):
         return entry
+    if isinstance(entry, os.PathLike):
+        entry = os.fspath(entry)
     if not isinstance(entry, str):
         raise TypeError(f"reward_funcs entries must be callables, names or models; got {entry!r}.")
     if not (os.path.isdir(entry) and entry not in reward_fns.available()):
