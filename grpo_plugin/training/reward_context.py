@@ -24,6 +24,7 @@ import torch
 
 from reward_fns import is_async_reward
 
+from .._logging import warn_once
 from ..rollout.types import Rollout
 
 logger = logging.getLogger(__name__)
@@ -102,6 +103,20 @@ def with_trainer_kwargs(fn: Callable, context: RewardContext) -> Callable:
         return fn(**kwargs, **extra())
 
     return wrapper
+
+
+def aligned_extra_columns(columns: dict[str, list[Any]], rows: int) -> dict[str, list[Any]]:
+    """The `log_extra` columns with one value per completion; the others are left out, once with a
+    warning (dynamic sampling's refills, or a reward that logged the wrong number of values)."""
+    kept = {k: v for k, v in columns.items() if len(v) == rows}
+    for name in sorted(set(columns) - set(kept)):
+        warn_once(
+            f"log-extra-{name}",
+            f"log_extra column {name!r} has {len(columns[name])} values for {rows} completions; "
+            "it is left out of the completions table (log one value per completion).",
+            logger,
+        )
+    return kept
 
 
 def warn_if_unscored(rollout: Rollout) -> int:

@@ -71,7 +71,7 @@ from .policy import (
     trainer_init_kwargs,
     wrap_policy,
 )
-from .reward_context import RewardContext, warn_if_unscored
+from .reward_context import RewardContext, aligned_extra_columns, warn_if_unscored
 from .reward_models import is_reward_model, place_reward_models, resolve_reward_funcs
 from .scoring import score_rollout
 
@@ -350,7 +350,7 @@ class GRPOTrainer(Trainer):
             return
         step, a = self.state.global_step, self.args
         records = completion_records(rollout, advantages.cpu(), self.reward_names, step)
-        records.update({k: v for k, v in extra.items() if len(v) == len(rollout.completions)})
+        records.update(aligned_extra_columns(extra, len(rollout.completions)))
         rundir.write_completions_parquet(rundir.completions_file(a.output_dir, step), records)
         if a.num_completions_to_print:
             table = format_completions(records, a.num_completions_to_print, a.log_unique_prompts)

@@ -73,3 +73,12 @@ def test_all_none_rewards_are_warned_about(tiny_tokenizer, tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         trainer.train()
     assert "All reward functions returned None for 16 of 16 completions" in caplog.text
+
+
+def test_misaligned_extra_columns_are_left_out_with_a_warning(caplog):
+    from grpo_plugin.training.reward_context import aligned_extra_columns
+
+    with caplog.at_level(logging.WARNING):
+        kept = aligned_extra_columns({"ok": [1, 2], "short": [1]}, rows=2)
+    assert kept == {"ok": [1, 2]}
+    assert "log_extra column 'short' has 1 values for 2 completions" in caplog.text
