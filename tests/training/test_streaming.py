@@ -32,8 +32,8 @@ def test_trains_on_an_iterable_dataset_for_max_steps(tiny_tokenizer, tmp_path):
                            gradient_accumulation_steps=2)  # fmt: skip
     seen = []
     original = trainer._sample_and_score
-    trainer._sample_and_score = lambda rows: (
-        seen.append([r["prompt"] for r in rows]) or original(rows)
+    trainer._sample_and_score = lambda rows, key: (
+        seen.append([r["prompt"] for r in rows]) or original(rows, key)
     )
     trainer.train()
     assert trainer.state.global_step == 3

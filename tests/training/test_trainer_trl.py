@@ -8,7 +8,15 @@ import logging
 
 import pytest
 import torch
-from conftest import SEVEN_DATA, frac_sevens, make_tiny_model, make_trainer, tiny_config, tiny_lora
+from conftest import (
+    SEVEN_DATA,
+    char_codes,
+    frac_sevens,
+    make_tiny_model,
+    make_trainer,
+    tiny_config,
+    tiny_lora,
+)
 
 from grpo_plugin import GRPOTrainer
 from grpo_plugin.core.objectives import decoupled_advantages
@@ -39,7 +47,7 @@ def moved(before: dict, model) -> bool:
     ],
 )
 def test_each_objective_option_trains(tiny_tokenizer, tmp_path, options):
-    trainer = make_trainer(tiny_tokenizer, tmp_path, max_steps=1, **options)
+    trainer = make_trainer(tiny_tokenizer, tmp_path, char_codes, max_steps=1, **options)
     before = weights(trainer.model)
     trainer.train()
     logged = trainer.state.log_history[0]
@@ -103,7 +111,7 @@ def test_moe_router_aux_loss_is_added_and_logged(tiny_tokenizer, tmp_path):
 
 
 def test_sync_ref_model_mixes_the_policy_into_the_reference(tiny_tokenizer, tmp_path):
-    trainer = make_trainer(tiny_tokenizer, tmp_path, max_steps=1, beta=0.1, sync_ref_model=True,
+    trainer = make_trainer(tiny_tokenizer, tmp_path, char_codes, max_steps=1, beta=0.1, sync_ref_model=True,
                            ref_model_sync_steps=1, ref_model_mixup_alpha=0.6)  # fmt: skip
     start = weights(trainer.model)
     trainer.train()
@@ -132,7 +140,7 @@ def test_cast_lm_head_to_fp32(tiny_tokenizer, tied):
 
 def test_cast_lm_head_to_fp32_in_the_trainer(tiny_tokenizer, tmp_path):
     model = make_tiny_model(tiny_tokenizer).to(torch.bfloat16)
-    trainer = make_trainer(tiny_tokenizer, tmp_path, model=model, max_steps=1, beta=0.1,
+    trainer = make_trainer(tiny_tokenizer, tmp_path, char_codes, model=model, max_steps=1, beta=0.1,
                            cast_lm_head_to_fp32=True)  # fmt: skip
     assert trainer.model.lm_head.weight.dtype == torch.float32
     assert trainer.ref_model.lm_head.weight.dtype == torch.float32
@@ -147,7 +155,7 @@ def test_normalize_then_sum_uses_decoupled_advantages(tiny_tokenizer, tmp_path):
 
     trainer = make_trainer(tiny_tokenizer, tmp_path, reward=[frac_sevens, length],
                            multi_objective_aggregation="normalize_then_sum")  # fmt: skip
-    rollout = trainer._sample_and_score(SEVEN_DATA[:2])
+    rollout = trainer._sample_and_score(SEVEN_DATA[:2], trainer._rollout_key)
     batch = trainer._training_batch(rollout)
     expected = decoupled_advantages(rollout.per_func.view(2, 8, 2), trainer.reward_weights)
     assert torch.allclose(batch.advantages, expected.reshape(-1).float())
@@ -155,7 +163,7 @@ def test_normalize_then_sum_uses_decoupled_advantages(tiny_tokenizer, tmp_path):
 
 def test_pad_to_multiple_of_pads_the_training_batch(tiny_tokenizer, tmp_path):
     trainer = make_trainer(tiny_tokenizer, tmp_path, pad_to_multiple_of=16, max_steps=1)
-    batch = trainer._training_batch(trainer._sample_and_score(SEVEN_DATA[:2]))
+    batch = trainer._training_batch(trainer._sample_and_score(SEVEN_DATA[:2], trainer._rollout_key))
     assert batch.prompt_ids.shape[1] % 16 == 0 and batch.completion_ids.shape[1] % 16 == 0
     assert batch.prompt_mask[:, 0].sum() == 0  # left padding only
     trainer.train()
