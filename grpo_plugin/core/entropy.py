@@ -64,11 +64,20 @@ class AdaptiveEntropyCoefficient:
         self._entropy_sum += float(entropy_sum)
         self._tokens += float(tokens)
 
-    def end_step(self) -> float | None:
-        """Close the optimizer step: update ``c`` from the step's mean entropy; returns that mean."""
+    def window(self) -> tuple[float, float]:
+        """The entropy sum and token count observed since the last ``end_step``."""
+        return self._entropy_sum, self._tokens
+
+    def end_step(self, totals: tuple[float, float] | None = None) -> float | None:
+        """Close the optimizer step: update ``c`` from the step's mean entropy; returns that mean.
+
+        ``totals``: ``(entropy sum, tokens)`` to use instead of ``window()`` (e.g. summed, or
+        averaged, over processes: only their ratio counts).
+        """
         if not self.adaptive:
             return None
-        entropy = self._entropy_sum / max(self._tokens, 1.0)
+        entropy_sum, tokens = self.window() if totals is None else totals
+        entropy = entropy_sum / tokens if tokens > 0 else 0.0
         if entropy <= self.target:
             self.coef = min(self.coef + self.delta, self.coef_max)
         else:

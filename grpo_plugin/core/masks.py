@@ -15,19 +15,23 @@ __all__ = ["high_entropy_mask", "off_policy_mask"]
 
 @torch.no_grad()
 def high_entropy_mask(
-    entropies: torch.Tensor, mask: torch.Tensor, top_quantile: float
+    entropies: torch.Tensor,
+    mask: torch.Tensor,
+    top_quantile: float,
+    pool: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``(N, T)`` bool: the valid tokens whose entropy is in the top ``top_quantile`` of the batch.
 
     The threshold is ``torch.quantile`` (linear interpolation) at ``1 - top_quantile`` over the
     valid tokens' entropies, and a token is kept when its entropy is ``>=`` it; so ``1.0`` keeps
-    every valid token and ``0.0`` only the highest. As TRL, the quantile is taken over the tokens
-    passed in (one micro-batch); TRL also gathers them across processes, we do not.
+    every valid token and ``0.0`` only the highest. As TRL, the quantile is taken over one
+    micro-batch: the tokens passed in, or ``pool`` ``(M,)`` when given (TRL gathers every
+    process's valid entropies; the trainer passes them here).
     """
     if not 0.0 <= top_quantile <= 1.0:
         raise ValueError(f"top_quantile={top_quantile} must be in [0, 1].")
     valid = mask.bool()  # (N, T)
-    values = entropies[valid].float()  # (M,)
+    values = (entropies[valid] if pool is None else pool).float()  # (M,)
     if values.numel() == 0:
         return torch.zeros_like(valid)
     threshold = torch.quantile(values, 1.0 - top_quantile)

@@ -1,4 +1,5 @@
-"""User-facing progress and run logs: one rich progress bar and `metrics.jsonl`.
+"""Trainer callbacks: one rich progress bar and `metrics.jsonl`; TR-DPO reference syncing; the
+adaptive entropy state saved with checkpoints.
 
 The Trainer's own tqdm bar and its dict-printing callback are replaced by `RichProgressCallback`,
 which shows step, reward, KL and seconds per step on a single line.
@@ -7,8 +8,10 @@ which shows step, reward, KL and seconds per step on a single line.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .rundir import append_metrics
 
@@ -81,18 +84,24 @@ class RichProgressCallback(TrainerCallback):
 
 class SyncRefModelCallback(TrainerCallback):
     """`sync_ref_model`: every `ref_model_sync_steps` optimizer steps, move the frozen reference
-    towards the policy (`policy.mix_reference`, TR-DPO)."""
+    towards the policy (`policy.mix_reference`, TR-DPO). Each process updates its own copy of
+    the reference from the same (synchronised) policy weights."""
 
     def __init__(self, ref_model, alpha: float, every: int) -> None:
         self.ref_model, self.alpha, self.every = ref_model, alpha, every
 
     @classmethod
-    def from_args(cls, ref_model, args) -> SyncRefModelCallback:
+    def from_args(cls, ref_model, args, accelerator=None) -> SyncRefModelCallback:
         if ref_model is None:
             raise ValueError(
                 "sync_ref_model=True needs a separate reference model, and a PEFT policy's "
                 "reference is its base with the adapter off; train without peft_config or set "
                 "sync_ref_model=False."
+            )
+        if getattr(accelerator, "is_fsdp2", False):
+            raise ValueError(
+                "sync_ref_model=True is not supported under FSDP (the policy's weights are "
+                "sharded, the reference's are not); use DDP or set sync_ref_model=False."
             )
         return cls(ref_model, args.ref_model_mixup_alpha, args.ref_model_sync_steps)
 
@@ -101,3 +110,16 @@ class SyncRefModelCallback(TrainerCallback):
 
         if model is not None and state.global_step % self.every == 0:
             mix_reference(self.ref_model, model, self.alpha)
+
+
+class EntropyStateCallback(TrainerCallback):
+    """Saves the adaptive entropy coefficient into each checkpoint folder, as TRL does
+    (`entropy_ctrl_state.json`); the trainer reads it back when it resumes."""
+
+    def __init__(self, objective) -> None:
+        self.objective = objective
+
+    def on_save(self, args, state, control, **kwargs):
+        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        if state.is_world_process_zero and folder.is_dir():
+            self.objective.save_state(folder)

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from ..core.logprobs import completion_logprobs
-from ..core.objectives import group_advantages, policy_loss
+from ..core.objectives import policy_loss
 from ..rollout.dynamic_sampling import informative_groups
 from ..rollout.noise import KeyedNoise
 from ..rollout.prompts import sample_groups
@@ -43,6 +43,7 @@ from .distributed import contiguous_share, full_parameters, gather_objects
 from .eval_setup import best_metric_key, check_eval_datasets, check_metrics_result, prefixed
 from .evaluation import pass_at_k
 from .metrics import nanstd
+from .objective import rollout_advantages
 from .policy import eval_mode, reference_mode
 from .scoring import score_rollout
 
@@ -117,7 +118,7 @@ class _Totals:
             out[f"pass@{k}"] = sum(self.pass_at_k) / len(self.pass_at_k)
         out.update(_reward_metrics(self, reward_names, k))
         out.update({key: sum(v) / len(v) for key, v in self.loss_stats.items()})
-        if self.loss_stats:  # TRL's extremes (over processes there; over chunks here)
+        if "clip_ratio/low_mean" in self.loss_stats:  # clipped loss types: TRL's extremes (over processes there; over chunks here)
             out["clip_ratio/low_min"] = min(self.loss_stats["clip_ratio/low_mean"])
             out["clip_ratio/high_max"] = max(self.loss_stats["clip_ratio/high_mean"])
         out["num_tokens"] = float(self.num_tokens)
@@ -263,7 +264,7 @@ class SetEvaluator:
             # would cost about as much as the greedy decoding, for the entropy alone: skipped.
             return {"loss": 0.0, **{f"{key}_mean": 0.0 for key in LOSS_STATS}}
         if k > 1:
-            advantages = group_advantages(rollout.rewards.view(-1, k), estimator=a.estimator)
+            advantages = rollout_advantages(rollout, a, self.trainer.reward_weights, group_size=k)
         else:
             advantages = torch.zeros(len(rollout.completions), 1)
         loss_mask = b.completion_mask.clone()  # (N, Tc)
@@ -287,16 +288,11 @@ class SetEvaluator:
             ref_logps,
             advantages.reshape(-1).float().to(logps.device),
             loss_mask,
-            loss_type=a.loss_type,
-            importance_sampling_level=a.importance_sampling_level,
-            epsilon_low=a.epsilon,
-            epsilon_high=a.epsilon_high,
-            beta=a.beta,
-            max_completion_length=a.max_completion_length,
+            a.loss_params(),  # the training loss type and its options (on-policy: ratio 1)
         )
         valid = b.completion_mask.bool()
         out = {"loss": loss.item(), "entropy": entropy[valid].mean().item() if valid.any() else 0.0}
-        out.update({f"{key}_mean": stats[key] for key in LOSS_STATS})
+        out.update({f"{key}_mean": stats[key] for key in LOSS_STATS if key in stats})
         if "kl" in stats:
             out["kl"] = stats["kl"]
         return out

@@ -8,10 +8,17 @@ adds around the policy loss, as one object built from the config.
   + coef * aux    the MoE router load-balancing loss (router_aux_loss_coef)
 
 The Trainer divides the whole loss by the gradient-accumulation steps, as TRL does each term.
+
+On several processes (`distributed.py`) every token-normalised quantity uses the global count, so
+that averaging the gradients over processes gives the one-process loss: the rollout's tokens for
+"dapo", "cispo" and "vespo" (the trainer passes them), and this micro-batch's tokens on every
+process for "bnpo" and the entropy bonus. The entropy quantile is taken over every process's
+tokens and the adaptive coefficient moves on the global mean entropy, as in TRL.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,17 +26,35 @@ import torch
 from ..core.objectives import (
     TOKEN_LEVEL_LOSS_TYPES,
     AdaptiveEntropyCoefficient,
+    decoupled_advantages,
     entropy_bonus,
+    group_advantages,
     high_entropy_mask,
     policy_loss,
 )
-from ..rollout.types import TrainingBatch
+from ..rollout.types import Rollout, TrainingBatch
+from . import distributed, rundir
+
+
+def rollout_advantages(
+    rollout: Rollout, args: Any, weights: torch.Tensor, group_size: int | None = None
+) -> torch.Tensor:
+    """`(N,)` advantages of a scored rollout in groups of `group_size` (default
+    `num_generations`): GDPO's per-function whitening when `multi_objective_aggregation` is
+    "normalize_then_sum", else the configured estimator on the weighted sum."""
+    group = group_size or args.num_generations
+    if args.multi_objective_aggregation == "normalize_then_sum":
+        per_func = rollout.per_func.view(-1, group, len(weights))  # (P, G, F)
+        return decoupled_advantages(per_func, weights).reshape(-1)
+    grouped = rollout.rewards.view(-1, group)  # (P, G)
+    return group_advantages(grouped, estimator=args.estimator).reshape(-1)
 
 
 class TrainingObjective:
     """The loss of one micro-batch and its metrics (TRL's names)."""
 
-    def __init__(self, args: Any, aux_loss_coef: float = 0.0):
+    def __init__(self, args: Any, aux_loss_coef: float = 0.0, accelerator: Any = None):
+        self.accelerator = accelerator  # None: one process
         self.params = args.loss_params()
         self.top_entropy_quantile = args.top_entropy_quantile
         self.aux_loss_coef = aux_loss_coef
@@ -43,12 +68,13 @@ class TrainingObjective:
         )
 
     @classmethod
-    def for_model(cls, args: Any, model: Any) -> TrainingObjective:
+    def for_model(cls, args: Any, model: Any, accelerator: Any = None) -> TrainingObjective:
         """The objective for `model`: its MoE router loss weight comes from the model's config
         unless `router_aux_loss_coef` is set."""
         from .policy import router_aux_loss_coefficient
 
-        return cls(args, router_aux_loss_coefficient(model, args.router_aux_loss_coef))
+        coef = router_aux_loss_coefficient(model, args.router_aux_loss_coef)
+        return cls(args, coef, accelerator)
 
     @property
     def needs_entropy_grad(self) -> bool:
@@ -71,14 +97,19 @@ class TrainingObjective:
         mask = batch.loss_mask  # (n, Tc)
         token_mask = None
         if self.top_entropy_quantile < 1.0:
-            token_mask = high_entropy_mask(entropy.detach(), mask, self.top_entropy_quantile)
+            token_mask = self._entropy_mask(entropy.detach(), mask)
         old, ref = batch.old_logps, batch.ref_logps
         loss, stats = policy_loss(
             logps, old, ref, batch.advantages, mask, self.params, token_mask=token_mask
         )
         if self.params.loss_type in TOKEN_LEVEL_LOSS_TYPES:  # per-token mean over the rollout
             loss = loss * max(float(mask.sum()), 1.0) / max(tokens_per_slice, 1.0)
+        elif self.params.loss_type == "bnpo":  # per-token mean over the micro-batch
+            loss = loss * self._global_share(mask)
         metrics = _loss_metrics(stats)
+        valid = batch.completion_mask.bool()  # every completion token, as TRL's `entropy`
+        if valid.any():
+            metrics["entropy"] = entropy[valid].mean().item()
         if self.entropy.enabled:
             loss = self._add_entropy_bonus(loss, entropy, mask, token_mask, metrics, training)
         if aux_loss is not None and self.needs_aux_loss:
@@ -86,19 +117,54 @@ class TrainingObjective:
             metrics["aux_loss"] = float(aux_loss.detach())
         return loss, metrics
 
+    def _entropy_mask(self, entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """`(n, Tc)` bool: the top quantile by entropy, the threshold over every process's tokens."""
+        valid = entropy[mask.bool()]  # (M,)
+        pooled = distributed.gather_objects(self.accelerator, valid.float().cpu())
+        pool = torch.cat(pooled).to(entropy.device)  # (M_all,)
+        return high_entropy_mask(entropy, mask, self.top_entropy_quantile, pool=pool)
+
+    def _global_share(self, mask: torch.Tensor) -> float:
+        """This process's token count over the mean count of this micro-batch on every process:
+        the factor that turns a local token mean into its share of the global one."""
+        local = float(mask.sum())
+        mean = distributed.mean_over_processes(self.accelerator, local)
+        return local / mean if mean > 0 else 0.0
+
     def _add_entropy_bonus(self, loss, entropy, mask, token_mask, metrics, training):
         acting = mask if token_mask is None else mask * token_mask  # the policy term's tokens
-        bonus = entropy_bonus(entropy, acting)
+        bonus = entropy_bonus(entropy, acting) * self._global_share(acting)
         metrics["policy_loss"] = float(loss.detach())
         if training:
             self.entropy.observe(float((entropy.detach() * acting).sum()), float(acting.sum()))
         return loss - self.entropy.applied() * bonus
 
+    def save_state(self, checkpoint: str | Path) -> None:
+        """Write the adaptive entropy controller's state into a checkpoint folder (TRL's file)."""
+        if self.entropy.adaptive:
+            state = {
+                "entropy_coef": self.entropy.coef,
+                "last_world_entropy": self.entropy.last_entropy,
+            }
+            rundir.write_json(Path(checkpoint) / rundir.ENTROPY_STATE_FILE, state)
+
+    def load_state(self, checkpoint: str | Path | None) -> None:
+        """Restore what `save_state` wrote (a resumed run continues with the same coefficient)."""
+        state = (
+            rundir.read_json(Path(checkpoint) / rundir.ENTROPY_STATE_FILE) if checkpoint else None
+        )
+        if self.entropy.adaptive and state:
+            self.entropy.coef = float(state["entropy_coef"])
+            self.entropy.last_entropy = float(state["last_world_entropy"])
+
     def end_optimizer_step(self) -> dict[str, float]:
         """Close an optimizer step (adaptive entropy update); the metrics to log for it."""
         if not self.entropy.enabled:
             return {}
-        self.entropy.end_step()
+        if self.entropy.adaptive:  # the step's entropy over every process's tokens
+            total, tokens = self.entropy.window()
+            mean = distributed.mean_over_processes
+            self.entropy.end_step((mean(self.accelerator, total), mean(self.accelerator, tokens)))
         return {"entropy_coef": self.entropy.coef}
 
 

@@ -196,6 +196,36 @@ def load_policy(
     return model, tokenizer
 
 
+def load_trainer_policy(
+    model: str | PreTrainedModel,
+    processing_class: Any,
+    peft_config: Any,
+    args: Any,
+    init_kwargs: dict[str, Any],
+    name: str,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """`GRPOTrainer`'s policy and tokenizer: the model loaded when given by `name`, the tokenizer
+    prepared (left padding, a pad token), then LoRA, gradient checkpointing, dropout off and the
+    float32 LM head as `args` (a `GRPOConfig`) asks."""
+    from transformers import set_seed
+
+    if isinstance(model, str):
+        model = load_model(model, init_kwargs)
+    tokenizer = prepare_tokenizer(
+        processing_class or load_tokenizer(model, name or None, args.trust_remote_code)
+    )
+    set_seed(args.seed)  # LoRA initialisation draws from the global RNG: seed it first
+    model = wrap_policy(
+        model,
+        peft_config,
+        gradient_checkpointing=args.gradient_checkpointing,
+        disable_dropout=args.disable_dropout,
+    )
+    if args.cast_lm_head_to_fp32:
+        cast_lm_head_to_fp32(model)  # before the reference copy, which inherits it
+    return model, tokenizer
+
+
 def build_reference(model: PreTrainedModel, beta: float) -> PreTrainedModel | None:
     """A frozen copy for full fine-tuning with beta > 0; None otherwise (PEFT or beta == 0)."""
     if beta == 0 or is_peft_model(model):

@@ -26,6 +26,7 @@ from reward_fns import is_async_reward
 
 from .._logging import warn_once
 from ..rollout.types import Rollout
+from . import distributed
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +118,18 @@ def aligned_extra_columns(columns: dict[str, list[Any]], rows: int) -> dict[str,
             logger,
         )
     return kept
+
+
+def gather_extra_columns(
+    accelerator: Any, columns: dict[str, list[Any]], rows: int
+) -> dict[str, list[Any]]:
+    """Every process's `log_extra` columns, concatenated in process order (a collective), as TRL
+    does: a column one process did not log is None for its `rows` completions."""
+    parts = distributed.gather_objects(accelerator, (columns, rows))
+    names = sorted({name for logged, _ in parts for name in logged})
+    return {
+        name: [v for logged, n in parts for v in logged.get(name, [None] * n)] for name in names
+    }
 
 
 def warn_if_unscored(rollout: Rollout) -> int:

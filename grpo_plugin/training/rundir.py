@@ -40,6 +40,7 @@ EVAL_FILE = "eval.json"
 RECIPE_FILE = "recipe.yaml"
 CURVE_FILE = "reward_curve.png"
 CARD_FILE = "README.md"
+ENTROPY_STATE_FILE = "entropy_ctrl_state.json"  # in checkpoint-N/, TRL's name
 
 
 def completions_file(output_dir: str | Path, step: int) -> Path:

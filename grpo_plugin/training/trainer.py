@@ -2,14 +2,15 @@
 
     _prepare_inputs(rows)          a micro-batch of the rollout buffer (a new rollout when due)
       _build_rollout(rows)         the named steps of one rollout:
-        _sample_and_score            G completions per prompt (rollout/), rewards (scoring.py)
+        _sample_and_score            G completions per prompt (rollout/), rewards (rewards.py)
         _record_reward_metrics       TRL-named metrics, the zero-std alarm
         _refill                      DAPO dynamic sampling (rollout/dynamic_sampling.py)
-        _training_batch              advantages (core/objectives.py), loss mask
+        _training_batch              advantages (objective.py), loss mask
         _add_policy_logps            old and reference log-probs, only when needed
-        _write_completions           completions/step_XXXXX.parquet
+        _write_completions           completions/step_XXXXX.parquet (completions_log.py)
         _shuffle_for_reuse           group-preserving shuffle when the rollout is reused
-    compute_loss(batch)            log-probs (core/logprobs.py) -> policy_loss (core/objectives.py)
+    compute_loss(batch)            log-probs (core/logprobs.py) -> the loss (objective.py: policy_loss
+                                   of core/, entropy terms, MoE router loss)
 
 How it differs from TRL's trainer: each distinct prompt is prefilled once and its KV cache shared by
 its G completions (generation and training forward); no reference pass at beta == 0 and no
@@ -28,10 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel, Trainer, set_seed
+from transformers import PreTrainedModel, Trainer
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-import reward_fns
 
 from ..core.batching import (
     PromptBatchSampler,
@@ -40,13 +39,17 @@ from ..core.batching import (
     shared_group_size,
 )
 from ..core.logprobs import completion_logprobs
-from ..core.objectives import decoupled_advantages, group_advantages
 from ..rollout.dynamic_sampling import refill
 from ..rollout.noise import KeyedNoise, RolloutKey
 from ..rollout.prompts import sample_groups
 from ..rollout.types import Rollout, TrainingBatch
-from . import distributed, rundir, streaming
-from .callbacks import MetricsJsonlCallback, RichProgressCallback, SyncRefModelCallback
+from . import completions_log, distributed, rundir, streaming
+from .callbacks import (
+    EntropyStateCallback,
+    MetricsJsonlCallback,
+    RichProgressCallback,
+    SyncRefModelCallback,
+)
 from .config import GRPOConfig
 from .config_trl import warn_on_loss_combinations
 from .eval_setup import (
@@ -57,23 +60,18 @@ from .eval_setup import (
     resolve_eval_metrics,
 )
 from .eval_watch import RewardHackingCallback
-from .inputs import check_prompt_dataset, reward_weight_tensor
-from .metrics import MetricsWindow, completion_records, format_completions, reward_metrics
-from .objective import TrainingObjective
+from .inputs import check_prompt_dataset, check_unsupported_arguments
+from .metrics import MetricsWindow, reward_metrics
+from .objective import TrainingObjective, rollout_advantages
 from .policy import (
     build_reference,
-    cast_lm_head_to_fp32,
     eval_mode,
-    load_model,
-    load_tokenizer,
-    prepare_tokenizer,
+    load_trainer_policy,
     reference_mode,
     trainer_init_kwargs,
-    wrap_policy,
 )
-from .reward_context import RewardContext, aligned_extra_columns, warn_if_unscored
-from .reward_models import is_reward_model, place_reward_models, resolve_reward_funcs
-from .scoring import score_rollout
+from .reward_context import RewardContext
+from .rewards import RewardSources
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +98,9 @@ class GRPOTrainer(Trainer):
         optimizers: tuple = (None, None),
         quantization_config: Any = None,
         peft_config: Any = None,
+        tools: list | None = None,
+        rollout_func: Callable | None = None,
+        environment_factory: Any = None,
         eval_metrics: Callable | str | None = None,
     ):
         model_name = model if isinstance(model, str) else model.config._name_or_path
@@ -107,16 +108,18 @@ class GRPOTrainer(Trainer):
         if not isinstance(args, GRPOConfig):
             raise TypeError(f"args must be a grpo_plugin.GRPOConfig, got {type(args).__name__}.")
         # Cheap checks first: nothing is loaded before the inputs are known to be usable.
+        check_unsupported_arguments(tools, rollout_func, environment_factory)
         train_dataset = check_prompt_dataset(train_dataset, "train_dataset")
         eval_dataset = check_eval_datasets(eval_dataset)
         streaming.check_streamed_training(train_dataset, args)
         init_kwargs = trainer_init_kwargs(model, args, quantization_config)
-        funcs = resolve_reward_funcs(reward_funcs, reward_processing_classes, init_kwargs)
-        self.reward_weights = reward_weight_tensor(args.reward_weights, len(funcs))
-        self.reward_context = RewardContext.of(self)  # trainer_state, log_extra, log_metric
-        self.reward_funcs = self.reward_context.wrap(funcs, keep=is_reward_model)
-        self.reward_names = [reward_fns.reward_name(f) for f in self.reward_funcs]
-        self.reward_processing_classes = [getattr(f, "tokenizer", None) for f in funcs]
+        context = RewardContext.of(self)  # trainer_state, log_extra and log_metric for rewards
+        r = RewardSources.resolve(
+            reward_funcs, reward_processing_classes, args, init_kwargs, context
+        )
+        self.rewards = r  # and TRL's attribute names:
+        self.reward_funcs, self.reward_names, self.reward_weights = r.funcs, r.names, r.weights
+        self.reward_processing_classes = r.processing_classes
         self.eval_metrics = resolve_eval_metrics(eval_metrics)
         eval_sets = eval_set_names(eval_dataset)
         check_eval_setup(args, eval_sets, self.reward_names, self.eval_metrics is not None)
@@ -125,11 +128,10 @@ class GRPOTrainer(Trainer):
         self._hub_token, args.hub_token = args.hub_token, None  # never saved with the args
         self.model_name = str(model_name)
         self.dataset_names: list[str] = []
-        model, processing_class = self._load_policy(
-            model, processing_class, peft_config, args, init_kwargs
+        model, processing_class = load_trainer_policy(
+            model, processing_class, peft_config, args, init_kwargs, self.model_name
         )
         self.ref_model = build_reference(model, args.beta)
-        self._objective = TrainingObjective.for_model(args, model)
         super().__init__(
             model=model,
             args=args,
@@ -159,29 +161,16 @@ class GRPOTrainer(Trainer):
             args.num_generations, args.per_device_train_batch_size
         )
 
-    def _load_policy(self, model, processing_class, peft_config, args, init_kwargs):
-        if isinstance(model, str):
-            model = load_model(model, init_kwargs)
-        name = self.model_name if isinstance(self.model_name, str) else None
-        tokenizer = prepare_tokenizer(
-            processing_class or load_tokenizer(model, name, args.trust_remote_code)
-        )
-        set_seed(args.seed)  # LoRA initialisation draws from the global RNG: seed it first
-        model = wrap_policy(
-            model,
-            peft_config,
-            gradient_checkpointing=args.gradient_checkpointing,
-            disable_dropout=args.disable_dropout,
-        )
-        if args.cast_lm_head_to_fp32:
-            cast_lm_head_to_fp32(model)  # before the reference copy, which inherits it
-        return model, tokenizer
-
     def _add_trl_features(self, args: GRPOConfig) -> None:
-        """Reward models on the policy's device, TR-DPO reference syncing, TRL's warnings."""
-        place_reward_models(self.reward_funcs, self.args.device, args.chat_template_kwargs)
+        """The loss's extras (entropy, MoE router loss; state saved with checkpoints), reward
+        models on the policy's device, TR-DPO reference syncing, TRL's warnings."""
+        self._objective = TrainingObjective.for_model(args, self.model, self.accelerator)
+        self.add_callback(EntropyStateCallback(self._objective))
+        self.rewards.place(self.args.device, args.chat_template_kwargs)
         if args.sync_ref_model:
-            self.add_callback(SyncRefModelCallback.from_args(self.ref_model, args))
+            self.add_callback(
+                SyncRefModelCallback.from_args(self.ref_model, args, self.accelerator)
+            )
         warn_on_loss_combinations(args)
 
     def _replace_default_callbacks(self) -> None:
@@ -240,7 +229,7 @@ class GRPOTrainer(Trainer):
         self._record_reward_metrics(sampled)
         batch = self._training_batch(rollout).to(self.args.device)
         batch = self._add_policy_logps(batch)
-        extra_columns = self.reward_context.pop_extra_columns()  # from log_extra
+        extra_columns = self.rewards.context.pop_extra_columns()  # from log_extra
         if self.args.log_completions:
             self._write_completions(rollout, batch.advantages, extra_columns)
         batch = self._shuffle_for_reuse(batch)
@@ -270,8 +259,7 @@ class GRPOTrainer(Trainer):
                 noise=noise,
             )
         t1 = time.perf_counter()
-        score_rollout(rollout, self.reward_funcs, self.reward_weights)
-        warn_if_unscored(rollout)
+        self.rewards.score(rollout)
         self._metrics.add("timing/generate_s", t1 - t0)
         self._metrics.add("timing/reward_s", time.perf_counter() - t1)
         tokens = rollout.batch.num_generated_tokens
@@ -312,12 +300,7 @@ class GRPOTrainer(Trainer):
 
     def _training_batch(self, rollout: Rollout) -> TrainingBatch:
         a, b = self.args, rollout.batch
-        if a.multi_objective_aggregation == "normalize_then_sum":  # GDPO
-            per_func = rollout.per_func.view(-1, a.num_generations, len(self.reward_funcs))
-            advantages = decoupled_advantages(per_func, self.reward_weights).reshape(-1)  # (N,)
-        else:
-            grouped = rollout.rewards.view(-1, a.num_generations)  # (P, G)
-            advantages = group_advantages(grouped, estimator=a.estimator).reshape(-1)  # (N,)
+        advantages = rollout_advantages(rollout, a, self.reward_weights)  # (N,)
         loss_mask = b.completion_mask.clone()  # (N, Tc)
         if a.mask_truncated_completions:
             loss_mask[b.is_truncated] = 0
@@ -342,19 +325,7 @@ class GRPOTrainer(Trainer):
         return batch
 
     def _write_completions(self, rollout: Rollout, advantages: torch.Tensor, extra: dict) -> None:
-        pad_id = self.processing_class.pad_token_id
-        rollout, advantages = distributed.gather_rollout(
-            self.accelerator, rollout, pad_id, advantages
-        )
-        if not self.is_world_process_zero():
-            return
-        step, a = self.state.global_step, self.args
-        records = completion_records(rollout, advantages.cpu(), self.reward_names, step)
-        records.update(aligned_extra_columns(extra, len(rollout.completions)))
-        rundir.write_completions_parquet(rundir.completions_file(a.output_dir, step), records)
-        if a.num_completions_to_print:
-            table = format_completions(records, a.num_completions_to_print, a.log_unique_prompts)
-            logger.info("Completions at step %d:\n%s", step, table)
+        completions_log.write_completions(self, rollout, advantages, extra)
 
     def _shuffle_for_reuse(self, batch: TrainingBatch) -> TrainingBatch:
         a, G = self.args, self.args.num_generations
@@ -409,14 +380,8 @@ class GRPOTrainer(Trainer):
         )
         if model.training and self.accelerator.sync_gradients:
             metrics.update(self._objective.end_optimizer_step())
-        self._record_loss_metrics(metrics, entropy, inputs.completion_mask)
-        return (loss, None) if return_outputs else loss
-
-    def _record_loss_metrics(self, metrics: dict, entropy: torch.Tensor, completion_mask) -> None:
         self._metrics.update(metrics)
-        valid = completion_mask.bool()
-        if entropy is not None and valid.any():
-            self._metrics.add("entropy", entropy[valid].mean().item())
+        return (loss, None) if return_outputs else loss
 
     # --- logging, evaluation, saving ------------------------------------------------------------
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -429,7 +394,13 @@ class GRPOTrainer(Trainer):
         """Greedy accuracy, pass@k and TRL's eval metrics on the held-out set(s), logged once."""
         from .eval_loop import evaluate_trainer
 
-        return evaluate_trainer(self, eval_dataset, metric_key_prefix)
+        metrics = evaluate_trainer(self, eval_dataset, metric_key_prefix)
+        self.rewards.context.pop_extra_columns()  # log_extra of eval completions: no table here
+        return metrics
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        super()._load_optimizer_and_scheduler(checkpoint)
+        self._objective.load_state(checkpoint)  # the adaptive entropy coefficient, as TRL
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         super().save_model(output_dir, _internal_call)
@@ -447,11 +418,7 @@ class GRPOTrainer(Trainer):
             self.reward_weights,
             self.state.global_step,
             self.dataset_names,
-            {
-                n: f.source
-                for n, f in zip(self.reward_names, self.reward_funcs)
-                if is_reward_model(f)
-            },
+            self.rewards.model_sources(),
         )
         summary["evaluation"] = self.eval_watch.summary(self.args, self.state)
         return summary
