@@ -13,6 +13,9 @@ Each held-out set is read in chunks of `per_device_eval_batch_size` completions,
    by construction (advantage 0), and the forward pass that would only add the entropy (it costs
    about as much as the greedy decoding) is skipped: no `entropy` then.
 
+What the reward functions pass to `log_metric` while evaluating is averaged into the set's
+metrics (our own keys win a name clash); their `log_extra` columns are dropped (no table).
+
 Keys get the `eval_` prefix (`eval_<name>_` for each set of a dict of eval sets) and go to
 `metrics.jsonl` and the `report_to` trackers in one log line per evaluation.
 
@@ -62,6 +65,7 @@ class _Totals:
     lengths: list[torch.Tensor] = field(default_factory=list)  # chunks of (n,)
     truncated: list[torch.Tensor] = field(default_factory=list)  # chunks of (n,) bool
     loss_stats: dict[str, list[float]] = field(default_factory=dict)  # per chunk
+    logged: dict[str, list[float]] = field(default_factory=dict)  # rewards' log_metric values
     hook_inputs: dict[str, list] = field(default_factory=dict)  # greedy prompts, completions, ...
     chunks: int = 0
     rows_seen: int = 0
@@ -101,6 +105,8 @@ class _Totals:
             getattr(self, name).extend(getattr(other, name))
         for key, values in other.loss_stats.items():
             self.loss_stats.setdefault(key, []).extend(values)
+        for key, values in other.logged.items():
+            self.logged.setdefault(key, []).extend(values)
         for key, values in other.hook_inputs.items():
             self.hook_inputs.setdefault(key, []).extend(values)
         self.chunks += other.chunks
@@ -118,7 +124,11 @@ class _Totals:
             out[f"pass@{k}"] = sum(self.pass_at_k) / len(self.pass_at_k)
         out.update(_reward_metrics(self, reward_names, k))
         out.update({key: sum(v) / len(v) for key, v in self.loss_stats.items()})
-        if "clip_ratio/low_mean" in self.loss_stats:  # clipped loss types: TRL's extremes (over processes there; over chunks here)
+        logged = {key: sum(v) / len(v) for key, v in self.logged.items() if v}  # as TRL's
+        out.update({key: v for key, v in logged.items() if key not in out})  # ours win a clash
+        if (
+            "clip_ratio/low_mean" in self.loss_stats
+        ):  # clipped loss types: TRL's extremes (over processes there; over chunks here)
             out["clip_ratio/low_min"] = min(self.loss_stats["clip_ratio/low_mean"])
             out["clip_ratio/high_max"] = max(self.loss_stats["clip_ratio/high_mean"])
         out["num_tokens"] = float(self.num_tokens)
@@ -253,6 +263,8 @@ class SetEvaluator:
                 totals.add_loss(self._loss_stats(scored))
                 totals.chunks += 1
                 totals.rows_seen += len(rows)
+        t.rewards.context.pop_extra_columns()  # log_extra while evaluating: no table to add to
+        totals.logged = t.rewards.context.pop_metric_values()  # log_metric: eval_<name>
         return totals
 
     def _loss_stats(self, rollout: Rollout) -> dict[str, float]:

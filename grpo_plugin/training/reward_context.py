@@ -6,6 +6,10 @@
   (`completions/step_XXXXX.parquet`);
 - `log_metric(name, value)`: a scalar averaged into the next log line, next to `reward`, `kl`, ...
 
+Both are buffered here, as in TRL, until the code that scored the completions collects them: a
+training rollout (its completions table, its metrics) or an evaluation (its `eval_` metrics;
+columns logged while evaluating have no table and are dropped).
+
 TRL passes the three to every function, so its reward functions must take `**kwargs`. Here a
 function receives only the ones it declares (by name, or all of them through `**kwargs`), so a
 function written without them keeps working.
@@ -36,14 +40,15 @@ TRAINER_KWARGS = ("trainer_state", "log_extra", "log_metric")
 class RewardContext:
     """The trainer-side objects behind `trainer_state`, `log_extra` and `log_metric`."""
 
-    def __init__(self, get_state: Callable[[], Any], add_metric: Callable[[str, float], None]):
-        self._get_state, self._add_metric = get_state, add_metric
+    def __init__(self, get_state: Callable[[], Any]):
+        self._get_state = get_state
         self.extra_columns: dict[str, list[Any]] = defaultdict(list)
+        self.metrics: dict[str, list[float]] = defaultdict(list)
 
     @classmethod
     def of(cls, trainer: Any) -> RewardContext:
-        """The context of a `GRPOTrainer`: its live `state`; metrics into its metrics window."""
-        return cls(lambda: trainer.state, lambda name, value: trainer._metrics.add(name, value))
+        """The context of a `GRPOTrainer` (its live `state`)."""
+        return cls(lambda: trainer.state)
 
     def wrap(self, funcs: list[Callable], keep: Callable[[Callable], bool]) -> list[Callable]:
         """Every function of `funcs` receiving the trainer kwargs it declares (`keep(f)`: as is)."""
@@ -55,7 +60,7 @@ class RewardContext:
 
     def log_metric(self, name: str, value: float) -> None:
         """Average `value` into the metric `name` of the next log line."""
-        self._add_metric(name, float(value))
+        self.metrics[name].append(float(value))
 
     def kwargs(self) -> dict[str, Any]:
         return {
@@ -68,6 +73,16 @@ class RewardContext:
         """The columns logged since the last call (then forgotten)."""
         columns, self.extra_columns = dict(self.extra_columns), defaultdict(list)
         return columns
+
+    def pop_metric_values(self) -> dict[str, list[float]]:
+        """Every value logged per metric since the last call (then forgotten)."""
+        values, self.metrics = dict(self.metrics), defaultdict(list)
+        return values
+
+    def pop_logged(self) -> tuple[dict[str, list[Any]], dict[str, float]]:
+        """What the rewards logged since the last call: `(extra columns, metric means)`."""
+        means = {k: sum(v) / len(v) for k, v in self.pop_metric_values().items() if v}
+        return self.pop_extra_columns(), means
 
 
 def declared_trainer_kwargs(fn: Callable) -> tuple[str, ...]:

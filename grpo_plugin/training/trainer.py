@@ -229,7 +229,8 @@ class GRPOTrainer(Trainer):
         self._record_reward_metrics(sampled)
         batch = self._training_batch(rollout).to(self.args.device)
         batch = self._add_policy_logps(batch)
-        extra_columns = self.rewards.context.pop_extra_columns()  # from log_extra
+        extra_columns, logged = self.rewards.context.pop_logged()  # log_extra, log_metric
+        self._metrics.update(logged)
         if self.args.log_completions:
             self._write_completions(rollout, batch.advantages, extra_columns)
         batch = self._shuffle_for_reuse(batch)
@@ -394,9 +395,7 @@ class GRPOTrainer(Trainer):
         """Greedy accuracy, pass@k and TRL's eval metrics on the held-out set(s), logged once."""
         from .eval_loop import evaluate_trainer
 
-        metrics = evaluate_trainer(self, eval_dataset, metric_key_prefix)
-        self.rewards.context.pop_extra_columns()  # log_extra of eval completions: no table here
-        return metrics
+        return evaluate_trainer(self, eval_dataset, metric_key_prefix)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         super()._load_optimizer_and_scheduler(checkpoint)

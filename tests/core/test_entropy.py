@@ -43,3 +43,12 @@ def test_adaptive_coefficient_moves_towards_the_target():
     c.observe(9.0, 10.0)
     c.end_step()
     assert c.coef == 0.0  # clamped at coef_min
+
+
+def test_adaptive_step_uses_the_totals_given_instead_of_its_own_window():
+    c = AdaptiveEntropyCoefficient(coef=0.1, adaptive=True, target=0.5, delta=0.1)
+    c.observe(entropy_sum=1.0, tokens=10.0)  # 0.1 here: below the target
+    assert c.window() == (1.0, 10.0)
+    assert c.end_step(totals=(4.5, 5.0)) == pytest.approx(0.9)  # but 0.9 over every process
+    assert c.coef == pytest.approx(0.0) and c.window() == (0.0, 0.0)
+    assert c.end_step(totals=(0.0, 0.0)) == 0.0  # no tokens: entropy 0, as TRL

@@ -46,3 +46,11 @@ def test_off_policy_mask_ignores_padding_values():
     assert off_policy_mask(torch.tensor([-1.0]), logps, behaviour, mask, 1.0).item() == 0.0
     logps[0, :2] = -0.5  # mean gap over the 2 valid tokens: 0.5 <= 1
     assert off_policy_mask(torch.tensor([-1.0]), logps, behaviour, mask, 1.0).item() == 1.0
+
+
+def test_entropy_mask_threshold_comes_from_the_pool_when_given():
+    # Another process's tokens 2.0 and 3.0 join the pool of 12: quantile 0.5 of
+    # (0.1 .. 1.0, 2.0, 3.0) is (0.6 + 0.7) / 2 = 0.65, so this process keeps 0.7 .. 1.0 only.
+    pool = torch.cat([ENTROPIES[MASK.bool()], torch.tensor([2.0, 3.0])])
+    keep = high_entropy_mask(ENTROPIES, MASK, 0.5, pool=pool)
+    assert sorted(ENTROPIES[keep].tolist()) == pytest.approx([0.7, 0.8, 0.9, 1.0])

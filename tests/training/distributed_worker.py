@@ -6,6 +6,9 @@ builds `GRPOTrainer`s on the tiny model and records what the tests compare, proc
 - `equal-grpo`, `equal-dapo`: 3 LoRA steps, 8 completions per process (1 prompt x G=8); the
   test runs the same `train_and_record` on one process with 16. OUT/PHASE/ gets the adapter, the
   gathered completions and `grad.pt` (the first step's gradient, as the optimizer sees it).
+- `equal-trl`: the same with TRL 1.16 options whose normalisation spans processes (`TRL_OPTIONS`:
+  bnpo, the entropy quantile and bonus) and a reward model next to a reward that calls
+  `log_extra` and `log_metric`.
 - `eval`: sharded greedy evaluation of the untrained model -> OUT/eval.json.
 - `dynamic`: dynamic sampling where process 0's groups all score alike (it refills every round)
   and process 1's do not (it never refills) -> OUT/dynamic/calls_rank{k}.json.
@@ -28,7 +31,13 @@ import reward_fns  # noqa: E402,F401  (first: once tests/ is on the path, tests/
 sys.path.append(str(Path(__file__).resolve().parents[1]))  # tests/: the conftest helpers
 
 import torch  # noqa: E402
-from conftest import SEVEN_DATA, char_codes, make_tiny_model, make_tiny_tokenizer  # noqa: E402
+from conftest import (  # noqa: E402
+    SEVEN_DATA,
+    char_codes,
+    make_tiny_model,
+    make_tiny_reward_model,
+    make_tiny_tokenizer,
+)
 from transformers import TrainerCallback  # noqa: E402
 
 STEPS = 3
@@ -50,7 +59,7 @@ class FirstGradient(TrainerCallback):
             }
 
 
-def tiny_trainer(out: Path, per_device: int, reward=char_codes, **overrides):
+def tiny_trainer(out: Path, per_device: int, reward=char_codes, reward_classes=None, **overrides):
     from peft import LoraConfig
 
     from grpo_plugin import GRPOConfig, GRPOTrainer
@@ -80,6 +89,7 @@ def tiny_trainer(out: Path, per_device: int, reward=char_codes, **overrides):
         args=GRPOConfig(**{**config, **overrides}),
         train_dataset=SEVEN_DATA,
         processing_class=tokenizer,
+        reward_processing_classes=reward_classes,
         peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"),
     )
 
@@ -93,6 +103,27 @@ def train_and_record(out: Path, loss_type: str, per_device: int, **overrides) ->
     trainer.save_model(str(out))
     if trainer.is_world_process_zero():
         torch.save(probe.grads, out / "grad.pt")
+
+
+def logged_char_codes(prompts, completions, log_extra, log_metric, **kwargs):
+    """`char_codes`, also logging a column (characters) and a metric (the batch's mean score)."""
+    scores = char_codes(prompts, completions)
+    log_extra("characters", [len(c) for c in completions])
+    log_metric("logged/mean_score", sum(scores) / len(scores))
+    return scores
+
+
+def trl_options() -> dict:
+    """`equal-trl`'s settings: bnpo (a token mean over the micro-batch), the top half of tokens by
+    entropy, an entropy bonus, and a reward model (the same weights on every process)."""
+    tokenizer = make_tiny_tokenizer()
+    return dict(
+        top_entropy_quantile=0.5,
+        entropy_coef=0.05,
+        reward=[logged_char_codes, make_tiny_reward_model(tokenizer)],
+        reward_classes=[None, tokenizer],
+        reward_weights=[1.0, 0.1],
+    )
 
 
 def length_score(prompts, completions, **kwargs):
@@ -234,7 +265,9 @@ def main(out: Path, phases: list[str]) -> None:
     for phase in phases:
         phase, _, arg = phase.partition("=")
         (out / phase).mkdir(parents=True, exist_ok=True)
-        if phase.startswith("equal-"):
+        if phase == "equal-trl":
+            train_and_record(out / phase, "bnpo", per_device=8, **trl_options())
+        elif phase.startswith("equal-"):
             train_and_record(out / phase, phase.removeprefix("equal-"), per_device=8)
         elif phase == "cli":
             cli(out / phase, arg)

@@ -87,7 +87,8 @@ def two_processes(tmp_path_factory, tiny_model_dir) -> Path:
     out = tmp_path_factory.mktemp("two-processes")
     recipe = out / "tiny.yaml"
     recipe.write_text(CLI_RECIPE.format(model=tiny_model_dir, out=out / "cli-run"))
-    phases = ["equal-grpo", "equal-dapo", "eval", "dynamic", "fsdp2", f"cli={recipe}", "error"]
+    phases = ["equal-grpo", "equal-dapo", "equal-trl", "eval", "dynamic", "fsdp2", f"cli={recipe}"]
+    phases.append("error")
     proc = launch([str(WORKER), str(out), *phases], out)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out
@@ -131,6 +132,34 @@ def test_two_processes_train_like_one(two_processes, tmp_path, loss_type):
     assert adapter_diff < 1e-3 < base, (adapter_diff, base)
     print(f"{loss_type}: 1 vs 2 processes, relative difference: first gradient {grad_diff:.1e}, "
           f"adapter after {worker.STEPS} steps {adapter_diff:.1e} (the steps moved it {base:.1e})")  # fmt: skip
+
+
+def test_trl_options_and_a_reward_model_on_two_processes_train_like_one(two_processes, tmp_path):
+    """bnpo, the entropy quantile and bonus use every process's tokens, the reward model scores
+    each process's share, and the log_extra column and log_metric metric cover both processes."""
+    import pyarrow.parquet as pq
+
+    worker = load_script(WORKER, "distributed_worker")
+    one, two = tmp_path / "one", two_processes / "equal-trl"
+    worker.train_and_record(one, "bnpo", per_device=16, **worker.trl_options())
+    first_one = pq.read_table(one / "completions" / "step_00000.parquet").to_pydict()
+    first_two = pq.read_table(two / "completions" / "step_00000.parquet").to_pydict()
+    assert first_two["completion"] == first_one["completion"]
+    assert len(first_two["characters"]) == 16  # log_extra, gathered from both processes
+    assert first_two["characters"] == [len(c) for c in first_one["completion"]]
+    # the reward model scores 8 texts per batch there and 16 here: float32 padding noise only
+    assert first_two["reward"] == pytest.approx(first_one["reward"], abs=1e-5)
+    grad_diff = _relative(_flat(torch.load(two / "grad.pt")), _flat(torch.load(one / "grad.pt")))
+    assert grad_diff < 1e-4, grad_diff
+    adapter_one = load_file(one / "adapter_model.safetensors")
+    adapter_two = load_file(two / "adapter_model.safetensors")
+    adapter_diff = _relative(_flat(adapter_two), _flat(adapter_one))
+    assert adapter_diff < 1e-3, adapter_diff
+    logged = [json.loads(line) for line in (two / "metrics.jsonl").open()]
+    assert all("logged/mean_score" in row for row in logged if "loss" in row)
+    print(
+        f"TRL options: 1 vs 2 processes, first gradient {grad_diff:.1e}, adapter {adapter_diff:.1e}"
+    )
 
 
 def make_untrained_adapter_distance(trained: dict[str, torch.Tensor], tmp_path: Path) -> float:

@@ -7,7 +7,7 @@ import asyncio
 import logging
 
 import pyarrow.parquet as pq
-from conftest import frac_sevens, make_trainer
+from conftest import SEVEN_DATA, frac_sevens, make_trainer
 
 from grpo_plugin.training.reward_context import (
     RewardContext,
@@ -28,7 +28,7 @@ def test_only_declared_trainer_kwargs_are_passed():
     def only_state(prompts, completions, trainer_state):
         return [trainer_state] * len(completions)
 
-    context = RewardContext(lambda: "STATE", lambda name, value: None)
+    context = RewardContext(lambda: "STATE")
     wrapped = with_trainer_kwargs(only_state, context)
     assert wrapped(prompts=["p"], completions=["c"]) == ["STATE"]
     assert wrapped.__name__ == "only_state"
@@ -38,11 +38,12 @@ def test_only_declared_trainer_kwargs_are_passed():
         log_metric("seen", 2.0)
         return [1.0]
 
-    metrics = []
-    context = RewardContext(lambda: None, lambda name, value: metrics.append((name, value)))
+    context = RewardContext(lambda: None)
     wrapped = with_trainer_kwargs(async_reward, context)
     assert asyncio.run(wrapped(prompts=["p"], completions=["c"])) == [1.0]
-    assert metrics == [("seen", 2.0)]
+    context.log_metric("seen", 4.0)
+    assert context.pop_logged() == ({}, {"seen": 3.0})  # the mean of what was logged
+    assert context.pop_metric_values() == {}  # then forgotten
 
 
 def test_rewards_see_the_state_log_columns_and_metrics(tiny_tokenizer, tmp_path):
@@ -82,3 +83,38 @@ def test_misaligned_extra_columns_are_left_out_with_a_warning(caplog):
         kept = aligned_extra_columns({"ok": [1, 2], "short": [1]}, rows=2)
     assert kept == {"ok": [1, 2]}
     assert "log_extra column 'short' has 1 values for 2 completions" in caplog.text
+
+
+def test_extra_columns_are_gathered_in_process_order_with_none_where_not_logged(monkeypatch):
+    from grpo_plugin.training import reward_context
+
+    # process 0 logged "a" for its 2 completions; process 1 logged "a" and "b" for its 3
+    parts = [({"a": [1, 2]}, 2), ({"b": ["x", "y", "z"], "a": [3, 4, 5]}, 3)]
+    monkeypatch.setattr(reward_context.distributed, "gather_objects", lambda acc, obj: parts)
+    gathered = reward_context.gather_extra_columns(None, {"a": [1, 2]}, 2)
+    assert gathered == {"a": [1, 2, 3, 4, 5], "b": [None, None, "x", "y", "z"]}
+    assert list(gathered) == ["a", "b"]  # sorted, as every process must agree on the order
+    monkeypatch.undo()
+    assert reward_context.gather_extra_columns(None, {"c": [7]}, 1) == {"c": [7]}  # one process
+
+
+def test_what_rewards_log_while_evaluating_goes_to_the_evaluation(tiny_tokenizer, tmp_path):
+    def logging_reward(prompts, completions, log_extra, log_metric, **columns):
+        log_extra("length", [len(c) for c in completions])
+        log_metric("calls", 1.0)
+        log_metric("batch", float(len(completions)))
+        log_metric("n", -1.0)  # a clash with our own eval_n: ours wins
+        return frac_sevens(prompts, completions)
+
+    trainer = make_trainer(tiny_tokenizer, tmp_path, reward=logging_reward, max_steps=1,
+                           eval_data=SEVEN_DATA[:3], num_generations_eval=1,
+                           per_device_eval_batch_size=2, log_completions=True)  # fmt: skip
+    metrics = trainer.evaluate()
+    # 3 prompts in chunks of 2 and 1, greedy only: 2 calls, logging batch = 2 and batch = 1
+    assert (metrics["eval_calls"], metrics["eval_batch"], metrics["eval_n"]) == (1.0, 1.5, 3)
+    assert trainer.rewards.context.pop_logged() == ({}, {})  # nothing left for training
+    trainer.train()
+    table = pq.read_table(tmp_path / "out" / "completions" / "step_00000.parquet")
+    assert table.column("length").to_pylist() == [
+        len(c) for c in table.column("completion").to_pylist()
+    ]

@@ -4,6 +4,7 @@ aggregation, padding to a multiple, sampling options and the constructor's TRL a
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -83,6 +84,20 @@ def test_adaptive_entropy_coefficient_rises_while_entropy_is_below_target(tiny_t
     trainer.train()
     coefs = [h["entropy_coef"] for h in trainer.state.log_history if "entropy_coef" in h]
     assert coefs == pytest.approx([0.01, 0.02])
+
+
+def test_adaptive_entropy_coefficient_survives_a_resume(tiny_tokenizer, tmp_path):
+    options = dict(use_adaptive_entropy=True, entropy_coef=0.0, entropy_coef_delta=0.01,
+                   entropy_target=100.0, save_strategy="steps", save_steps=1)  # fmt: skip
+    first = make_trainer(tiny_tokenizer, tmp_path, max_steps=1, **options)
+    first.train()
+    checkpoint = tmp_path / "out" / "checkpoint-1"
+    state = json.loads((checkpoint / "entropy_ctrl_state.json").read_text())  # TRL's file
+    assert state["entropy_coef"] == pytest.approx(0.01)
+    resumed = make_trainer(tiny_tokenizer, tmp_path, max_steps=2, **options)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    coefs = [h["entropy_coef"] for h in resumed.state.log_history if "entropy_coef" in h]
+    assert coefs[-1] == pytest.approx(0.02)  # continued from 0.01, not restarted from 0.0
 
 
 def _tiny_moe(tokenizer):
@@ -190,6 +205,9 @@ def test_trl_constructor_arguments(tiny_tokenizer, tmp_path):
     assert kwargs["trust_remote_code"] is True and kwargs["quantization_config"].load_in_4bit
     with pytest.raises(ValueError, match="only apply when `model` is a string"):
         trainer_init_kwargs(make_tiny_model(tiny_tokenizer), args, {"load_in_4bit": True})
+    for name in ("tools", "rollout_func", "environment_factory"):  # refused before any load
+        with pytest.raises(ValueError, match=f"^{name}= is not supported: this trainer samples"):
+            GRPOTrainer("no/such-model", frac_sevens, args=args, **{name: [len]})
 
 
 def test_trust_remote_code_reaches_the_tokenizer_load(tiny_model_dir, tmp_path, monkeypatch):
@@ -206,3 +224,12 @@ def test_trust_remote_code_reaches_the_tokenizer_load(tiny_model_dir, tmp_path, 
     GRPOTrainer(str(tiny_model_dir), frac_sevens, train_dataset=SEVEN_DATA,
                 args=tiny_config(tmp_path, trust_remote_code=True))  # fmt: skip
     assert seen["trust_remote_code"] is True
+
+
+def test_evaluation_computes_the_training_loss_type(tiny_tokenizer, tmp_path):
+    trainer = make_trainer(tiny_tokenizer, tmp_path, char_codes, eval_data=SEVEN_DATA[:2],
+                           loss_type="cispo", epsilon_high=5.0, num_generations_eval=4,
+                           per_device_eval_batch_size=8)  # fmt: skip
+    metrics = trainer.evaluate()
+    assert torch.isfinite(torch.tensor(metrics["eval_loss"])) and metrics["eval_loss"] != 0.0
+    assert "eval_clip_ratio/low_min" not in metrics  # cispo has no PPO clip to report
