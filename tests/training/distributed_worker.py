@@ -6,6 +6,7 @@ builds `GRPOTrainer`s on the tiny model and records what the tests compare, proc
 - `equal-grpo`, `equal-dapo`: 3 LoRA steps, 8 completions per process (1 prompt x G=8); the
   test runs the same `train_and_record` on one process with 16. OUT/PHASE/ gets the adapter, the
   gathered completions and `grad.pt` (the first step's gradient, as the optimizer sees it).
+- `equal-stream`: the same on a streamed (`IterableDataset`) training set, read in order.
 - `equal-trl`: the same with TRL 1.16 options whose normalisation spans processes (`TRL_OPTIONS`:
   bnpo, the entropy quantile and bonus) and a reward model next to a reward that calls
   `log_extra` and `log_metric`.
@@ -59,7 +60,9 @@ class FirstGradient(TrainerCallback):
             }
 
 
-def tiny_trainer(out: Path, per_device: int, reward=char_codes, reward_classes=None, **overrides):
+def tiny_trainer(
+    out: Path, per_device: int, reward=char_codes, reward_classes=None, data=None, **overrides
+):
     from peft import LoraConfig
 
     from grpo_plugin import GRPOConfig, GRPOTrainer
@@ -87,7 +90,7 @@ def tiny_trainer(out: Path, per_device: int, reward=char_codes, reward_classes=N
         model,
         reward,
         args=GRPOConfig(**{**config, **overrides}),
-        train_dataset=SEVEN_DATA,
+        train_dataset=SEVEN_DATA if data is None else data,
         processing_class=tokenizer,
         reward_processing_classes=reward_classes,
         peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"),
@@ -124,6 +127,17 @@ def trl_options() -> dict:
         reward_classes=[None, tokenizer],
         reward_weights=[1.0, 0.1],
     )
+
+
+def streamed() -> dict:
+    """`equal-stream`'s settings: SEVEN_DATA as a datasets.IterableDataset, read in order (each
+    process reads every other row, so the global rollout is the 1-process one)."""
+    from datasets import IterableDataset
+
+    def rows():
+        yield from SEVEN_DATA
+
+    return dict(data=IterableDataset.from_generator(rows), shuffle_dataset=False)
 
 
 def length_score(prompts, completions, **kwargs):
@@ -267,6 +281,8 @@ def main(out: Path, phases: list[str]) -> None:
         (out / phase).mkdir(parents=True, exist_ok=True)
         if phase == "equal-trl":
             train_and_record(out / phase, "bnpo", per_device=8, **trl_options())
+        elif phase == "equal-stream":
+            train_and_record(out / phase, "dapo", per_device=8, **streamed())
         elif phase.startswith("equal-"):
             train_and_record(out / phase, phase.removeprefix("equal-"), per_device=8)
         elif phase == "cli":

@@ -87,8 +87,8 @@ def two_processes(tmp_path_factory, tiny_model_dir) -> Path:
     out = tmp_path_factory.mktemp("two-processes")
     recipe = out / "tiny.yaml"
     recipe.write_text(CLI_RECIPE.format(model=tiny_model_dir, out=out / "cli-run"))
-    phases = ["equal-grpo", "equal-dapo", "equal-trl", "eval", "dynamic", "fsdp2", f"cli={recipe}"]
-    phases.append("error")
+    phases = ["equal-grpo", "equal-dapo", "equal-trl", "equal-stream", "eval", "dynamic", "fsdp2"]
+    phases += [f"cli={recipe}", "error"]
     proc = launch([str(WORKER), str(out), *phases], out)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out
@@ -160,6 +160,25 @@ def test_trl_options_and_a_reward_model_on_two_processes_train_like_one(two_proc
     print(
         f"TRL options: 1 vs 2 processes, first gradient {grad_diff:.1e}, adapter {adapter_diff:.1e}"
     )
+
+
+def test_a_streamed_training_set_on_two_processes_trains_like_one(two_processes, tmp_path):
+    """An IterableDataset: each process reads its share of the stream (every other row), so the
+    2-process rollouts are the 1-process ones and so is the training."""
+    import pyarrow.parquet as pq
+
+    worker = load_script(WORKER, "distributed_worker")
+    one, two = tmp_path / "one", two_processes / "equal-stream"
+    worker.train_and_record(one, "dapo", per_device=16, **worker.streamed())
+    for step in range(worker.STEPS):
+        name = f"completions/step_{step:05d}.parquet"
+        table_one, table_two = pq.read_table(one / name), pq.read_table(two / name)
+        assert table_two.column("prompt").to_pylist() == table_one.column("prompt").to_pylist()
+        assert table_two.column("completion") == table_one.column("completion")
+    assert len(set(pq.read_table(two / name).column("prompt").to_pylist())) == 2  # 2 prompts
+    diff = _relative(_flat(torch.load(two / "grad.pt")), _flat(torch.load(one / "grad.pt")))
+    assert diff < 1e-5, diff
+    print(f"streamed: 1 vs 2 processes, identical completions, first gradient {diff:.1e}")
 
 
 def make_untrained_adapter_distance(trained: dict[str, torch.Tensor], tmp_path: Path) -> float:
