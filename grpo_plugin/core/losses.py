@@ -5,8 +5,9 @@ surrogates live in ``surrogates.py`` and the masks in ``masks.py``. It follows T
 ``GRPOTrainer._compute_loss`` except where this docstring says otherwise:
 
 - ``"dapo"``, ``"cispo"`` and ``"vespo"`` divide by the number of valid tokens passed in; TRL divides
-  by the token count of the whole generation batch. Scaling across micro-batches is the caller's
-  job (the trainer does it). ``"bnpo"`` is the same reduction, left local on purpose.
+  by the token count of the whole generation batch. Scaling across micro-batches and processes is
+  the caller's job (``training/objective.py``). ``"bnpo"`` is the same reduction over one
+  micro-batch, as in TRL (the caller rescales it to the micro-batch's count over every process).
 - Padding positions (``mask == 0``) are replaced by zeros before any arithmetic, so ``-inf`` or
   ``NaN`` log-probs there never reach the loss or its gradient.
 - Gradients come from autograd; the tests check them with ``torch.autograd.gradcheck`` in float64
