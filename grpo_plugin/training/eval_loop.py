@@ -211,8 +211,8 @@ class SetEvaluator:
 
     def run(self, dataset: Any) -> dict[str, float]:
         """Several processes: each evaluates its contiguous shard of a map-style set, and the
-        totals are gathered in process order, so every metric is that of the whole set (greedy
-        ones exactly as on one process; pass@k samples are drawn per shard)."""
+        totals are gathered in process order, so every metric equals one process evaluating the whole
+        set (greedy decoding does not depend on the shard; samples are keyed on the prompt)."""
         t = self.trainer
         start = time.perf_counter()
         accelerator = t.accelerator
