@@ -15,7 +15,7 @@ from dataclasses import replace
 import torch
 
 from ..core.tensors import pad_columns
-from .types import Rollout
+from .types import Rollout, RolloutBatch
 
 
 def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -61,6 +61,8 @@ def concat_rollouts(a: Rollout, b: Rollout, pad_token_id: int) -> Rollout:
         is_truncated=torch.cat([a.batch.is_truncated, b.batch.is_truncated]),
         num_prefill_tokens=a.batch.num_prefill_tokens + b.batch.num_prefill_tokens,
         num_generated_tokens=a.batch.num_generated_tokens + b.batch.num_generated_tokens,
+        num_reused_tokens=a.batch.num_reused_tokens + b.batch.num_reused_tokens,
+        **_tool_rows(a.batch, b.batch, tc),
     )
     return Rollout(
         rows=a.rows + b.rows,
@@ -72,6 +74,19 @@ def concat_rollouts(a: Rollout, b: Rollout, pad_token_id: int) -> Rollout:
         per_func=torch.cat([a.per_func, b.per_func]),
         rewards=torch.cat([a.rewards, b.rewards]),
     )
+
+
+def _tool_rows(a: RolloutBatch, b: RolloutBatch, width: int) -> dict[str, torch.Tensor]:
+    """The tool tensors of two batches stacked, when either has them (multi-turn rollouts)."""
+    out = {}
+    for name in RolloutBatch.TOOL_ROW_FIELDS:
+        if getattr(a, name) is None and getattr(b, name) is None:
+            continue
+        parts = [x.tool_field(name) for x in (a, b)]
+        if name == "sampled_mask":
+            parts = [pad_columns(p, width, 0, left=False) for p in parts]
+        out[name] = torch.cat(parts)
+    return out
 
 
 def refill(

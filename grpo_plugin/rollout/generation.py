@@ -32,7 +32,7 @@ from .._logging import warn_once
 from ..core.tensors import left_pad, position_ids_from_mask
 from .noise import GeneratorNoise, SamplingNoise
 from .sampler import next_tokens
-from .types import RolloutBatch, SamplingParams
+from .types import Decoded, RolloutBatch, SamplingParams
 
 
 class _Decoder:
@@ -123,6 +123,29 @@ def generate_groups(
 
 @torch.inference_mode()
 def _generate(model, prompt_ids, group, eos_token_ids, pad_id, sampling, noise, share):
+    ids, mask, out, prefilled = prefill_and_decode(
+        model, prompt_ids, group, eos_token_ids, pad_id, sampling, noise, share
+    )
+    completion_mask = out.live.long()  # (N, Tc)
+    return RolloutBatch(
+        prompt_ids=ids,
+        prompt_mask=mask,
+        completion_ids=out.tokens,  # (N, Tc)
+        completion_mask=completion_mask,
+        is_truncated=~out.finished,
+        num_prefill_tokens=prefilled,
+        num_generated_tokens=int(completion_mask.sum()),
+    )
+
+
+@torch.inference_mode()
+def prefill_and_decode(
+    model, prompt_ids, group, eos_token_ids, pad_id, sampling, noise, share,
+    drop_finished=True, record_logprobs=False,
+) -> tuple[torch.LongTensor, torch.LongTensor, Decoded, int]:  # fmt: skip
+    """Prefill the prompts (once per group with `share`) and decode their N = P * G rows:
+    `(prompt ids (N, Lp), prompt mask (N, Lp), Decoded, prefilled tokens)`. The multi-turn loop
+    keeps every row in the cache (`drop_finished=False`) to continue it after a tool call."""
     device = next(unwrap_peft(model).parameters()).device
     noise = noise.to(device)
     unique_ids, unique_mask = left_pad(prompt_ids, pad_id, device)  # (P, Lp)
@@ -130,19 +153,56 @@ def _generate(model, prompt_ids, group, eos_token_ids, pad_id, sampling, noise, 
     mask = unique_mask.repeat_interleave(group, 0)  # (N, Lp)
     decoder = _Decoder(model)
     logits, cache, prefilled = _prefill(decoder, unique_ids, unique_mask, group, share)
-
-    rows, vocab = logits.shape
-    eos = torch.tensor(eos_token_ids, device=device)
     seen = None
     if sampling.repetition_penalty != 1.0:
-        seen = torch.zeros(rows, vocab, dtype=torch.bool, device=device)
+        seen = torch.zeros(logits.shape, dtype=torch.bool, device=device)
         seen.scatter_(1, ids, mask.bool())  # pad columns scatter False: only real tokens count
+    out = decode(
+        decoder, logits, cache, mask, sampling, noise, eos_token_ids, pad_id, seen,
+        drop_finished=drop_finished, record_logprobs=record_logprobs,
+    )  # fmt: skip
+    return ids, mask, out, prefilled
+
+
+@torch.inference_mode()
+def continue_decoding(
+    model, cache, attention, appended_ids, appended_mask, sampling, *, eos_token_ids,
+    pad_token_id, noise, seen=None, record_logprobs=False,
+) -> Decoded:  # fmt: skip
+    """Continue A cached rows after new tokens (a tool result and the template glue around it).
+
+    `cache` holds exactly these A rows and `attention` `(A, W)` says which of its columns each
+    row attends to. Only `appended_ids` `(A, B)` are prefilled (left-padded inside the block:
+    `appended_mask` is 0 on the padding), then the rows decode as in `decode`, every row kept in
+    the cache. Positions come from the mask, so each row continues at its own length.
+    """
+    decoder = _Decoder(model)
+    attention = torch.cat([attention, appended_mask], dim=1)  # (A, W + B)
+    positions = position_ids_from_mask(attention)[:, -appended_ids.shape[1] :]  # (A, B)
+    logits, cache = decoder(appended_ids, attention, positions, cache)
+    return decode(
+        decoder, logits, cache, attention, sampling, noise, eos_token_ids, pad_token_id, seen,
+        drop_finished=False, record_logprobs=record_logprobs,
+    )  # fmt: skip
+
+
+def decode(
+    decoder, logits, cache, attention, sampling, noise, eos_token_ids, pad_id, seen=None, *,
+    drop_finished=True, record_logprobs=False,
+) -> Decoded:  # fmt: skip
+    """The decode loop over A rows, from the last-position `logits` `(A, V)` of what `cache` holds
+    (`attention` `(A, W)`). Rows stop at any eos id; with `drop_finished`, finished rows leave the
+    batch and the cache once they are a quarter of it. Row a reads `noise.uniforms([a], t)`."""
+    rows = logits.shape[0]
+    device = logits.device
+    eos = torch.tensor(list(eos_token_ids), device=device)
     # The decode loop runs on the `active` rows only: finished rows are dropped from the batch
     # (and the KV cache) once they make up a quarter of it, so short completions stop costing.
     active = torch.arange(rows, device=device)  # (A,) row index of each decoded row
-    attention, first_position = mask, mask.sum(-1)  # (A, Lp + t), (A,)
+    first_position = attention.sum(-1)  # (A,) position of each row's next token
     finished = torch.zeros(rows, dtype=torch.bool, device=device)  # (N,)
-    tokens, live = [], []
+    drop = drop_finished and can_drop_cache_rows(cache)
+    tokens, live, logps = [], [], []
     for step in range(sampling.max_new_tokens):
         uniforms = None if sampling.greedy else noise.uniforms(active, step)  # (A,)
         picked = next_tokens(logits, seen, sampling, uniforms)  # (A,)
@@ -151,13 +211,15 @@ def _generate(model, prompt_ids, group, eos_token_ids, pad_id, sampling, noise, 
         step_tokens = step_tokens.masked_fill(finished, pad_id)  # (N,)
         tokens.append(step_tokens)
         live.append(~finished)
+        if record_logprobs:
+            logps.append(_picked_logprobs(logits, picked, active, rows))
         finished = finished | torch.isin(step_tokens, eos)
         if bool(finished.all()) or step == sampling.max_new_tokens - 1:
             break
         done = finished[active]  # (A,)
         if seen is not None:
             seen.scatter_(1, picked.unsqueeze(-1), True)
-        if int(done.sum()) * 4 >= len(active) and can_drop_cache_rows(cache):
+        if drop and int(done.sum()) * 4 >= len(active):
             keep = (~done).nonzero().squeeze(-1)  # (A',)
             cache.batch_select_indices(keep)
             active, attention, first_position = active[keep], attention[keep], first_position[keep]
@@ -166,14 +228,18 @@ def _generate(model, prompt_ids, group, eos_token_ids, pad_id, sampling, noise, 
         attention = torch.cat([attention, attention.new_ones(len(active), 1)], dim=-1)
         positions = (first_position + step).unsqueeze(-1)  # (A, 1)
         logits, cache = decoder(picked.unsqueeze(-1), attention, positions, cache)
-
-    completion_mask = torch.stack(live, dim=1).long()  # (N, Tc)
-    return RolloutBatch(
-        prompt_ids=ids,
-        prompt_mask=mask,
-        completion_ids=torch.stack(tokens, dim=1),  # (N, Tc)
-        completion_mask=completion_mask,
-        is_truncated=~finished,
-        num_prefill_tokens=prefilled,
-        num_generated_tokens=int(completion_mask.sum()),
+    return Decoded(
+        tokens=torch.stack(tokens, dim=1),  # (N, T)
+        live=torch.stack(live, dim=1),
+        finished=finished,
+        cache=cache,
+        attention=attention,
+        logprobs=torch.stack(logps, dim=1) if record_logprobs else None,
     )
+
+
+def _picked_logprobs(logits, picked, active, rows) -> torch.Tensor:
+    """`(N,)` log-softmax of the raw logits `(A, V)` at the picked tokens (0 for other rows)."""
+    out = torch.zeros(rows, dtype=torch.float32, device=logits.device)
+    out[active] = logits.float().log_softmax(-1).gather(1, picked.unsqueeze(-1)).squeeze(-1)
+    return out

@@ -12,6 +12,8 @@ The decode loop asks a noise source for the uniforms of the rows it is decoding 
 - `KeyedNoise.for_evaluation`: the same, keyed on (seed, the prompt's index in the eval set), so
   evaluation samples do not depend on batching or on how the set is sharded over processes.
 - `GeneratorNoise`: draws from a `torch.Generator` in call order.
+- `ShiftedNoise`: a later turn of a multi-turn rollout: the base draws at each row's position in
+  its completion.
 
 `keyed_generator` gives the other keyed draws of a rollout (the dynamic-sampling refill prompts,
 the group shuffle) from the same kind of key.
@@ -104,4 +106,25 @@ class GeneratorNoise:
         return torch.rand(len(rows), generator=gen, device=gen_device).to(rows.device)
 
 
-SamplingNoise = KeyedNoise | GeneratorNoise
+class ShiftedNoise:
+    """The draws of `base` for some of its rows, each starting at its own step: a turn after a
+    tool call reads the uniforms of the completion positions it fills, so a row's draws depend on
+    where its tokens sit in the completion, not on the turn or the other rows decoded with it."""
+
+    def __init__(
+        self, base: KeyedNoise | GeneratorNoise, rows: torch.Tensor, offsets: torch.Tensor
+    ):
+        self.base, self.rows, self.offsets = base, rows, offsets  # (A,), (A,)
+
+    def to(self, device: torch.device | str) -> ShiftedNoise:
+        return ShiftedNoise(self.base.to(device), self.rows.to(device), self.offsets.to(device))
+
+    def uniforms(self, rows: torch.Tensor, step: int) -> torch.Tensor:
+        """`(a,)` uniforms of the decoded rows `rows` (indices into this subset) at `step`."""
+        if isinstance(self.base, KeyedNoise):
+            steps = (self.offsets[rows] + step).clamp(max=self.base.table.shape[1] - 1)
+            return self.base.table[self.rows[rows], steps]
+        return self.base.uniforms(rows, step)
+
+
+SamplingNoise = KeyedNoise | GeneratorNoise | ShiftedNoise

@@ -3,7 +3,9 @@
 Chat prompts (lists of messages) go through the tokenizer's chat template with the generation
 prompt and no extra special tokens (as TRL); plain strings are tokenized as they are. Completions
 come back as strings for string prompts and as `[{"role": "assistant", "content": ...}]` for chat
-prompts, which is what TRL-style reward functions expect.
+prompts, which is what TRL-style reward functions expect. With tools (`multiturn.ToolSetup`) the
+prompts are rendered with the tools' schemas and a completion is the whole exchange, as TRL
+passes it: assistant turns (with their `tool_calls`) and `tool` results.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from typing import Any
 import torch
 
 from .generation import generate_groups
-from .noise import SamplingNoise
+from .multiturn import ToolSetup, pack, run_tool_loop
+from .noise import GeneratorNoise, SamplingNoise
 from .types import Rollout, RolloutBatch, SamplingParams
 
 
@@ -71,8 +74,15 @@ def sample_groups(
     share_prompt_prefix: bool = True,
     generator: torch.Generator | None = None,
     noise: SamplingNoise | None = None,
+    tools: ToolSetup | None = None,
 ) -> Rollout:
-    """Sample G completions for each dataset row and decode them (an unscored `Rollout`)."""
+    """Sample G completions for each dataset row and decode them (an unscored `Rollout`); with
+    `tools`, G multi-turn exchanges (`multiturn.py`)."""
+    if tools is not None:
+        return _sample_with_tools(
+            model, tokenizer, rows, sampling, tools, num_generations, max_prompt_length,
+            chat_template_kwargs, share_prompt_prefix, noise or GeneratorNoise(generator),
+        )  # fmt: skip
     prompt_ids = encode_prompts(
         tokenizer,
         [r["prompt"] for r in rows],
@@ -95,3 +105,27 @@ def sample_groups(
     completions, ids = decode_completions(tokenizer, prompts, batch)
     columns = {k: [r[k] for r in repeated] for k in rows[0] if k != "prompt"}
     return Rollout(rows, batch, prompts, completions, ids, columns)
+
+
+def _sample_with_tools(
+    model, tokenizer, rows, sampling, setup: ToolSetup, group, max_prompt_length, template_kwargs,
+    share, noise,
+) -> Rollout:  # fmt: skip
+    repeated = [r for r in rows for _ in range(group)]
+    prompts, boxes, environments = setup.start(repeated)
+    prompt_ids = []
+    for prompt, box in zip(prompts, boxes):
+        schemas = [tool.schema for tool in box.values()]
+        ids = setup.format.render_prompt(tokenizer, prompt, schemas, template_kwargs)
+        prompt_ids.append(ids[-max_prompt_length:] if max_prompt_length else ids)
+    eos = sorted(set(eos_token_ids(model, tokenizer)) | set(setup.format.stop_token_ids(tokenizer)))
+    pad = eos[0] if tokenizer.pad_token_id is None else tokenizer.pad_token_id
+    result = run_tool_loop(
+        model, tokenizer, prompt_ids, boxes, setup, sampling, group=group, eos_token_ids=eos,
+        pad_token_id=pad, share_prompt_prefix=share, noise=noise,
+    )  # fmt: skip
+    completions = [t.messages for t in result.trajectories]
+    ids = [t.ids for t in result.trajectories]
+    columns = {k: [r[k] for r in repeated] for k in rows[0] if k != "prompt"}
+    batch = pack(result, pad)
+    return Rollout(rows, batch, prompts, completions, ids, columns, environments=environments)

@@ -3,6 +3,11 @@
     SamplingParams --generate_groups--> RolloutBatch --decode, score--> Rollout
                    --advantages, reference log-probs--> TrainingBatch --micro-batches--> the loss
 
+With tools (`multiturn.py`) each row is a `Trajectory` (sampled turns, tool results and template
+glue) of `ToolCall`s and `ToolResult`s, decoded turn by turn (`Decoded`), and packed into the same
+`RolloutBatch`: its completion is everything after the prompt, and `sampled_mask` marks the tokens
+the policy sampled (the only ones the loss, the KL and the entropy see).
+
 Shapes: P distinct prompts, G completions each, N = P * G rows; row p*G + g is sample g of prompt
 p. `Lp` is the (left-padded) prompt width and `Tc` the (right-padded) completion width.
 As in torchtune's `GRPOTrajectory`, every field says its shape.
@@ -10,7 +15,7 @@ As in torchtune's `GRPOTrajectory`, every field says its shape.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -60,23 +65,57 @@ class SamplingParams:
 
 @dataclass
 class RolloutBatch:
-    """The token tensors of G sampled completions for each of P prompts (generation's output)."""
+    """The token tensors of G sampled completions for each of P prompts (generation's output).
+
+    Single turn: the completion is what the policy sampled. With tools it is the whole exchange
+    after the prompt (turns, tool results, template glue): `sampled_mask` marks the policy's own
+    tokens and the per-row tool counts are set; all of them stay None for a single turn.
+    """
 
     prompt_ids: torch.LongTensor  # (N, Lp) left-padded
     prompt_mask: torch.LongTensor  # (N, Lp) 1 on real prompt tokens
     completion_ids: torch.LongTensor  # (N, Tc) right-padded with the pad id
-    completion_mask: torch.LongTensor  # (N, Tc) 1 up to and including the first EOS
+    completion_mask: torch.LongTensor  # (N, Tc) 1 up to and including the first EOS (the last)
     is_truncated: torch.BoolTensor  # (N,) no EOS within max_new_tokens
-    num_prefill_tokens: int  # non-pad prompt tokens run through prefill (work done; kept by select)
-    num_generated_tokens: int  # sum of completion_mask
+    num_prefill_tokens: int  # tokens run through prefill: prompts, and tool results with tools
+    num_generated_tokens: int  # tokens the policy sampled (sum of the model mask)
+    sampled_mask: torch.LongTensor | None = None  # (N, Tc) 1 on sampled tokens; None: all
+    tool_calls: torch.LongTensor | None = None  # (N,) tool calls each completion made
+    tool_failures: torch.LongTensor | None = None  # (N,) of them, those that returned an error
+    turns: torch.LongTensor | None = None  # (N,) assistant turns of each completion
+    num_reused_tokens: int = 0  # history tokens later turns found in the KV cache (not re-encoded)
 
     ROW_FIELDS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "is_truncated")
+    TOOL_ROW_FIELDS = ("sampled_mask", "tool_calls", "tool_failures", "turns")
+
+    @property
+    def model_mask(self) -> torch.LongTensor:
+        """`(N, Tc)` the tokens the policy sampled: the ones the loss may train."""
+        return self.completion_mask if self.sampled_mask is None else self.sampled_mask
+
+    def row_fields(self) -> tuple[str, ...]:
+        """The names of the per-row tensors this batch holds."""
+        return self.ROW_FIELDS + tuple(
+            f for f in self.TOOL_ROW_FIELDS if getattr(self, f) is not None
+        )
 
     def select(self, rows: torch.Tensor) -> RolloutBatch:
         """The given rows `(n,)` of every per-row tensor; the generated-token count follows."""
-        picked = {name: getattr(self, name)[rows] for name in self.ROW_FIELDS}
-        generated = int(picked["completion_mask"].sum())
-        return replace(self, **picked, num_generated_tokens=generated)
+        picked = {name: getattr(self, name)[rows] for name in self.row_fields()}
+        out = replace(self, **picked)
+        out.num_generated_tokens = int(out.model_mask.sum())
+        return out
+
+    def tool_field(self, name: str) -> torch.Tensor:
+        """A tool tensor, or its single-turn value when unset (every token sampled, no call, one
+        turn): for stacking a single-turn batch with a multi-turn one."""
+        value = getattr(self, name)
+        if value is not None:
+            return value
+        if name == "sampled_mask":
+            return self.completion_mask
+        rows = self.completion_mask.shape[0]
+        return torch.full((rows,), int(name == "turns"), dtype=torch.long)
 
 
 @dataclass
@@ -95,6 +134,7 @@ class Rollout:
     columns: dict[str, list[Any]]  # every other dataset column, (N,) each
     per_func: torch.Tensor | None = None  # (N, F) rewards per function, NaN = not scored
     rewards: torch.Tensor | None = None  # (N,) weighted sum over functions, NaN = not scored
+    environments: list[Any] | None = None  # (N,) each rollout's environment (environment_factory)
 
     @property
     def group_size(self) -> int:
@@ -111,6 +151,7 @@ class TrainingBatch:
     completion_mask: torch.LongTensor  # (N, Tc) real completion tokens
     loss_mask: torch.LongTensor  # (N, Tc) tokens that enter the loss (truncation masking applied)
     advantages: torch.Tensor  # (N,) float32
+    sampled_mask: torch.LongTensor | None = None  # (N, Tc) tokens the policy sampled (tools)
     old_logps: torch.Tensor | None = None  # (N, Tc) behaviour policy, only when a rollout is reused
     ref_logps: torch.Tensor | None = None  # (N, Tc) reference policy, only when beta > 0
 
@@ -150,3 +191,64 @@ class TrainingBatch:
         return replace(
             self, **{k: v[index * size : (index + 1) * size] for k, v in self._tensors().items()}
         )
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model wrote: `name(**arguments)`, or why it cannot be run (`error`)."""
+
+    name: str
+    arguments: dict[str, Any]
+    error: str | None = None  # the call could not be read (bad JSON, no name, ...)
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What one call returned: the content of the `tool` message the model reads next."""
+
+    name: str
+    content: str
+    failed: bool = False  # the tool raised, timed out, is unknown or got bad arguments
+
+    def message(self) -> dict[str, Any]:
+        return {"role": "tool", "name": self.name, "content": self.content}
+
+
+@dataclass
+class Trajectory:
+    """One row's multi-turn exchange after its prompt, as the loop builds it.
+
+    `ids` and `sampled` are aligned token by token (length <= max_completion_length): 1 where the
+    policy sampled the token, 0 for tool results and the template glue around them.
+    """
+
+    ids: list[int] = field(default_factory=list)  # (T_r,) every token after the prompt
+    sampled: list[int] = field(default_factory=list)  # (T_r,) 1 = sampled by the policy
+    messages: list[dict[str, Any]] = field(default_factory=list)  # assistant and tool turns
+    tool_calls: int = 0
+    tool_failures: int = 0
+    truncated: bool = False  # ran out of max_completion_length (mid-turn, or a result too long)
+
+    def add(self, ids: list[int], sampled: bool) -> None:
+        self.ids += ids
+        self.sampled += [int(sampled)] * len(ids)
+
+    @property
+    def turns(self) -> int:
+        return sum(m["role"] == "assistant" for m in self.messages)
+
+
+@dataclass
+class Decoded:
+    """One decode run over A rows (`generation.decode`): what was sampled and the cache after it.
+
+    `cache` holds a key/value row for every one of the A rows when finished rows were kept
+    (`drop_finished=False`), which is what lets a later turn continue them without re-encoding.
+    """
+
+    tokens: torch.LongTensor  # (A, T) sampled tokens, pad after each row's end
+    live: torch.BoolTensor  # (A, T) True up to and including each row's first EOS
+    finished: torch.BoolTensor  # (A,) an EOS was sampled
+    cache: Any  # the KV cache after the run (its width is `attention`'s)
+    attention: torch.LongTensor  # (A, W) 1 on the cached columns each row attends to
+    logprobs: torch.Tensor | None = None  # (A, T) log pi(token) at temperature 1, when recorded

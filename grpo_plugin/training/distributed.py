@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from ..rollout.dynamic_sampling import concat_rollouts
-from ..rollout.types import Rollout, RolloutBatch
+from ..rollout.types import Rollout
 
 logger = logging.getLogger(__name__)
 
@@ -147,10 +147,11 @@ def failures_shared(accelerator) -> Iterator[None]:
 
 # --- rollouts and metrics -------------------------------------------------------------------------
 def _rollout_on_cpu(r: Rollout) -> Rollout:
-    fields = {name: getattr(r.batch, name).cpu() for name in RolloutBatch.ROW_FIELDS}
+    fields = {name: getattr(r.batch, name).cpu() for name in r.batch.row_fields()}
     return replace(
         r,
         batch=replace(r.batch, **fields),
+        environments=None,  # live objects stay on their process
         per_func=None if r.per_func is None else r.per_func.cpu(),
         rewards=None if r.rewards is None else r.rewards.cpu(),
     )

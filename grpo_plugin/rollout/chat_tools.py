@@ -1,0 +1,218 @@
+"""Tool calls in the chat template: how tools, calls and results are written, and read back.
+
+A `ToolFormat` is the pair the multi-turn loop needs: a chat template that renders tools, calls
+and results, and a parser for the calls the model writes. One format ships:
+
+- `chatml` (ours, for the ChatML family: SmolLM2, Qwen2.5, ...): the tools' JSON schemas are
+  listed in the system message, a call is `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+  in an assistant turn, and each result is a `tool` turn:
+
+      <|im_start|>assistant\\n<tool_call>{"name": "multiply", ...}</tool_call><|im_end|>\\n
+      <|im_start|>tool\\n5535<|im_end|>\\n<|im_start|>assistant\\n
+
+A tokenizer whose own template already renders tools, and writes calls in that same
+`<tool_call>` JSON form (Qwen2.5, Qwen3, Hermes), is used as it is (`model`). TRL instead asks for
+a template that knows tools and a response schema, and re-renders the whole conversation at
+every turn; here only the tokens after the model's end of turn are rendered (`suffix_ids`), and
+`check` proves, before training, that the template renders and the parser reads back a call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .types import ToolCall
+
+TOOL_TEMPLATES = ("auto", "chatml", "model")
+CHATML_END = "<|im_end|>"
+DEFAULT_SYSTEM = "You are a helpful assistant."
+
+# Jinja, rendered by transformers with trim_blocks and lstrip_blocks: every newline is explicit.
+CHATML_TOOL_TEMPLATE = (
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{%- set system = messages[0]['content'] -%}{%- set rest = messages[1:] -%}"
+    "{%- else -%}{%- set system = '" + DEFAULT_SYSTEM + "' -%}{%- set rest = messages -%}"
+    "{%- endif -%}"
+    "{{- '<|im_start|>system\\n' + system -}}"
+    "{%- if tools -%}"
+    "{{- '\\n\\nYou can call these tools:\\n<tools>' -}}"
+    "{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}"
+    '{{- \'\\n</tools>\\nTo call a tool, write <tool_call>{"name": TOOL_NAME, "arguments": '
+    "{ARGUMENT: VALUE}}</tool_call> and end your turn; its result comes back in a tool turn.' -}}"
+    "{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- for m in rest -%}"
+    "{%- if m['role'] == 'assistant' -%}"
+    "{{- '<|im_start|>assistant\\n' + (m['content'] or '') -}}"
+    "{%- for call in m['tool_calls'] or [] -%}"
+    "{%- set f = call['function'] if call['function'] is defined else call -%}"
+    "{%- if (m['content'] or '') and loop.first -%}{{- '\\n' -}}{%- endif -%}"
+    "{%- set args = f['arguments'] if f['arguments'] is string else (f['arguments'] | tojson) -%}"
+    "{{- '<tool_call>{\"name\": ' + (f['name'] | tojson) + ', \"arguments\": ' + args "
+    "+ '}</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- else -%}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + (m['content'] | string) + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+
+
+def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
+    """`(content, calls)` of an assistant turn: the text outside `<tool_call>` blocks (stripped)
+    and each block's call. A block left open at the end of the turn is read to the end; one
+    that is not `{"name": str, "arguments": {...}}` JSON is a call with an `error`, so the model
+    is told what was wrong instead of silently getting nothing."""
+    calls = [_read_call(m.group(1)) for m in _CALL.finditer(text)]
+    content = _CALL.sub("", text).strip()
+    return content, calls
+
+
+def _read_call(body: str) -> ToolCall:
+    body = body.strip()
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError as err:
+        return ToolCall(name="", arguments={}, error=f"the tool call is not valid JSON ({err.msg})")
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        return ToolCall(name="", arguments={}, error='a tool call needs a "name" string')
+    arguments = data.get("arguments", data.get("parameters", {}))
+    if isinstance(arguments, str):  # some models write the arguments as a JSON string
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            pass
+    if not isinstance(arguments, dict):
+        return ToolCall(data["name"], {}, error='"arguments" must be a JSON object')
+    return ToolCall(name=data["name"], arguments=arguments)
+
+
+def assistant_message(content: str, calls: Sequence[ToolCall]) -> dict[str, Any]:
+    """An assistant turn as TRL passes it to reward functions (`tool_calls` in OpenAI's form)."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    valid = [c for c in calls if c.error is None]
+    if valid:
+        message["tool_calls"] = [
+            {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in valid
+        ]
+    return message
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """A chat template that renders tools (None: the tokenizer's own) and its end-of-turn token."""
+
+    name: str  # "chatml" or "model"
+    template: str | None  # Jinja source; None = tokenizer.chat_template
+    end_of_turn: str | None  # the token that closes every turn (ChatML: <|im_end|>)
+
+    def render_prompt(self, tokenizer, messages, tools, chat_template_kwargs=None) -> list[int]:
+        """Token ids of a chat prompt with the tools' schemas and the generation prompt."""
+        text = tokenizer.apply_chat_template(
+            messages,
+            tools=list(tools) or None,
+            chat_template=self.template,
+            tokenize=False,
+            add_generation_prompt=True,
+            **(chat_template_kwargs or {}),
+        )
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def stop_token_ids(self, tokenizer) -> list[int]:
+        """Ids that end an assistant turn besides the model's EOS (ChatML's <|im_end|>)."""
+        if self.end_of_turn is None:
+            return []
+        token_id = tokenizer.convert_tokens_to_ids(self.end_of_turn)
+        return [] if token_id is None or token_id == tokenizer.unk_token_id else [int(token_id)]
+
+    def suffix_ids(self, tokenizer, results: Sequence[dict[str, Any]], kwargs=None) -> list[int]:
+        """The tokens after the model's end of turn that carry the tool `results` (messages
+        `{"role": "tool", "name", "content"}`) and open the next assistant turn: the rendering of
+        [user, assistant call] + results, minus that of [user, assistant call] up to its last
+        end-of-turn token (the one the model sampled)."""
+        call = [{"type": "function", "function": {"name": results[0]["name"], "arguments": {}}}]
+        head = [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": "", "tool_calls": call},
+        ]
+        render = dict(tokenize=False, chat_template=self.template, **(kwargs or {}))
+        prefix = tokenizer.apply_chat_template(head, add_generation_prompt=False, **render)
+        full = tokenizer.apply_chat_template(
+            head + list(results), add_generation_prompt=True, **render
+        )
+        end = self.end_of_turn or tokenizer.eos_token
+        cut = prefix.rfind(end) + len(end) if end and end in prefix else len(prefix)
+        if not full.startswith(prefix[:cut]):
+            raise ValueError(
+                f"the {self.name} chat template does not render a tool result after the call it "
+                "follows (it is not prefix-preserving); use tool_chat_template='chatml'"
+            )
+        return tokenizer(full[cut:], add_special_tokens=False)["input_ids"]
+
+    def check(self, tokenizer) -> None:
+        """Render a call and read it back; raise ValueError (one line, with the fix) if it fails."""
+        probe = ToolCall(name="probe_tool", arguments={"x": 1})
+        user = [{"role": "user", "content": "x"}]
+        render = dict(tokenize=False, chat_template=self.template)
+        head = tokenizer.apply_chat_template(user, add_generation_prompt=True, **render)
+        full = tokenizer.apply_chat_template(user + [assistant_message("", [probe])], **render)
+        _, calls = parse_tool_calls(full[len(os.path.commonprefix([head, full])) :])
+        if not calls or calls[0].name != "probe_tool" or calls[0].arguments != {"x": 1}:
+            raise ValueError(
+                f"cannot read tool calls written by the {self.name} chat template (we parse "
+                '<tool_call>{"name": ..., "arguments": {...}}</tool_call>); for a ChatML model set '
+                "tool_chat_template='chatml', otherwise pass rollout_func= with your own loop"
+            )
+        self.suffix_ids(tokenizer, [{"role": "tool", "name": "probe_tool", "content": "1"}])
+
+
+def renders_tools(tokenizer) -> bool:
+    """Whether the tokenizer's own chat template writes the tools' schemas into the prompt."""
+    if not getattr(tokenizer, "chat_template", None):
+        return False
+    schema = {"type": "function", "function": {"name": "probe_tool_name", "parameters": {}}}
+    messages = [{"role": "user", "content": "x"}]
+    try:
+        text = tokenizer.apply_chat_template(messages, tools=[schema], tokenize=False)
+    except Exception:  # a template that chokes on tools does not support them
+        return False
+    return "probe_tool_name" in text
+
+
+def resolve_tool_format(tokenizer, name: str | None = "auto") -> ToolFormat:
+    """The format for `tool_chat_template`: "chatml" (ours), "model" (the tokenizer's own,
+    which must render tools), or "auto": the tokenizer's own when it renders tools, else ours for
+    a ChatML template; anything else is a ValueError saying what to set. Checked by `check`."""
+    name = name or "auto"
+    if name not in TOOL_TEMPLATES:
+        raise ValueError(f"tool_chat_template={name!r}; use one of {', '.join(TOOL_TEMPLATES)}")
+    own = getattr(tokenizer, "chat_template", None) or ""
+    if name == "auto":
+        if renders_tools(tokenizer):
+            name = "model"
+        elif "<|im_start|>" in own or not own:
+            name = "chatml"
+        else:
+            raise ValueError(
+                "the tokenizer's chat template has no tool support and is not ChatML; give the "
+                "tokenizer a template that renders tools, or pass rollout_func= with your own loop"
+            )
+    if name == "model" and not renders_tools(tokenizer):
+        raise ValueError(
+            "tool_chat_template='model' but the tokenizer's chat template ignores tools; "
+            "use tool_chat_template='chatml' (ChatML models) or 'auto'"
+        )
+    end = CHATML_END if name == "chatml" or CHATML_END in own else None
+    fmt = ToolFormat(name, CHATML_TOOL_TEMPLATE if name == "chatml" else None, end)
+    fmt.check(tokenizer)
+    return fmt

@@ -1,0 +1,263 @@
+"""The multi-turn tool loop: sample, run the tool calls, append the results, continue.
+
+    1. prefill each prompt once per group and sample the G completions (`generation.py`);
+    2. parse each finished turn's tool calls (`chat_tools.py`);
+    3. run every row's calls at once, with the timeout (`tools.py`); errors go back to the model;
+    4. append the tool messages and continue the rows that called a tool, until no row calls one
+       or `max_iterations` rounds of calls have run.
+
+No re-prefill: every row keeps its KV cache across turns (finished rows are not dropped from
+it), and a turn after a call prefills only its new tokens: the tool message and the template
+glue (plus the model's last token when the turn ended on the final decode step, which the decode
+loop samples but never feeds back). Rows get different numbers of new tokens: each row's block
+is left-padded to the longest and the padding is masked out; positions come from the attention
+mask, so every row continues at its own length. Columns the cache holds for a row that had
+already finished (the tokens decoded while the others ran on) are masked out the same way.
+TRL 1.16 instead feeds prompt + completion + tool suffix back to generation as a new prompt at
+every turn, re-encoding the whole history; `num_reused_tokens` counts what that would prefill
+again.
+
+`max_completion_length` bounds every token after the prompt, sampled or not: a turn may sample
+at most what is left, and a tool result that does not fit ends the row as truncated, without
+the result (as TRL drops it). Sampling draws are keyed on each token's position in the
+completion (`noise.ShiftedNoise`), so a row's draws do not depend on the other rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from .._compat import unwrap_peft
+from ..core.tensors import left_pad
+from .chat_tools import ToolFormat, assistant_message, parse_tool_calls
+from .environments import Environments, with_observation
+from .generation import continue_decoding, prefill_and_decode
+from .noise import GeneratorNoise, SamplingNoise, ShiftedNoise
+from .tools import Tool, run_calls, toolbox
+from .types import Decoded, RolloutBatch, SamplingParams, ToolCall, Trajectory
+
+
+@dataclass
+class ToolSetup:
+    """What the loop needs besides the model, resolved once per run."""
+
+    format: ToolFormat
+    tools: list[Tool]  # tools every row may call
+    environments: Environments | None = None  # environment_factory: per-rollout tools
+    max_iterations: int | None = None  # rounds of tool calls per rollout (None: no limit)
+    timeout: float = 10.0  # seconds for one round of calls
+    max_result_chars: int = 1000  # a tool result longer than this is cut
+
+    def start(self, rows: list[dict[str, Any]]) -> tuple[list[Any], list[dict], list[Any] | None]:
+        """`(prompts, tool boxes, environments)` of N rollouts: each gets its own environment
+        (reset with its row; its observation appended to the prompt) and that one's tools."""
+        envs = self.environments.checkout(rows) if self.environments else None
+        shared = toolbox(self.tools)
+        prompts, boxes = [], []
+        for r, row in enumerate(rows):
+            prompt = row["prompt"]
+            if not isinstance(prompt, list):
+                raise ValueError(
+                    "tool calling needs chat prompts (a list of {'role', 'content'} messages), "
+                    f"got a {type(prompt).__name__}; wrap it as [{{'role': 'user', 'content': ...}}]"
+                )
+            box = shared
+            if envs is not None:
+                by_column = self.environments.by_column
+                prompt = with_observation(prompt, Environments.reset(envs[r], row, by_column))
+                box = toolbox(self.tools + self.environments.tools_of(envs[r]))
+            prompts.append(prompt)
+            boxes.append(box)
+        return prompts, boxes, envs
+
+
+@dataclass
+class ToolLoopResult:
+    """The N trajectories after their prompts, and what the loop prefilled and reused."""
+
+    prompt_ids: torch.LongTensor  # (N, Lp) left-padded
+    prompt_mask: torch.LongTensor  # (N, Lp)
+    trajectories: list[Trajectory]  # (N,)
+    num_prefill_tokens: int  # prompt tokens + every continuation block
+    num_reused_tokens: int  # cached history tokens each continuation did not re-encode
+    logprobs: list[list[float]] | None = None  # (N, T_r) sampling log-probs, 0 off sampled tokens
+
+
+def _groups_share(prompt_ids: list[list[int]], group: int) -> bool:
+    return all(prompt_ids[i] == prompt_ids[i - i % group] for i in range(len(prompt_ids)))
+
+
+class _Loop:
+    """The loop's state: trajectories, the cache of the rows still going, and the counters."""
+
+    def __init__(self, model, tokenizer, setup: ToolSetup, sampling, prompts, boxes, eos, pad,
+                 noise, record):  # fmt: skip
+        self.model, self.tokenizer, self.setup = model, tokenizer, setup
+        self.sampling, self.prompts, self.boxes = sampling, prompts, boxes
+        self.eos, self.pad, self.noise, self.record = eos, pad, noise, record
+        self.max_len = sampling.max_new_tokens  # every token after the prompt, sampled or not
+        self.traj = [Trajectory() for _ in boxes]
+        self.logps: list[list[float]] = [[] for _ in boxes]
+        self.prefilled = self.reused = 0
+
+    def take_turn(self, rows: list[int], out: Decoded, width: int) -> list[tuple]:
+        """Record the turn the cache rows `rows` sampled (`width`: the cache's width before it);
+        mask the columns decoded past each row's end; return `(cache row, row, its tokens not in
+        the cache, calls)` for each row that ended its turn with tool calls."""
+        fed = out.attention.shape[1] - width  # tokens fed back to the model: steps - 1
+        out.attention[:, width:] = out.live[:, :fed].long()
+        going = []
+        for a, r in enumerate(rows):
+            n, left = int(out.live[a].sum()), self.max_len - len(self.traj[r].ids)
+            tokens = out.tokens[a, : min(n, left)].tolist()
+            self.traj[r].add(tokens, sampled=True)
+            if out.logprobs is not None:
+                self.logps[r] += out.logprobs[a, : len(tokens)].tolist()
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            content, calls = parse_tool_calls(text)
+            self.traj[r].messages.append(assistant_message(content, calls))
+            if not (bool(out.finished[a]) and n <= left):  # no end of turn within the budget
+                self.traj[r].truncated = True
+            elif calls:
+                going.append((a, r, tokens[min(n, fed) :], calls))
+        return going
+
+    def run_tools(self, going: list[tuple]) -> list[tuple[int, int, list[int]]]:
+        """Run the calls of `going`; append each result that fits; `(cache row, row, block)`."""
+        results = run_calls(
+            [calls for *_, calls in going],
+            [self.boxes[r] for _, r, _, _ in going],
+            timeout=self.setup.timeout,
+            max_chars=self.setup.max_result_chars,
+        )
+        blocks = []
+        for (a, r, missing, calls), done in zip(going, results):
+            t = self.traj[r]
+            t.tool_calls += len(calls)
+            t.tool_failures += sum(res.failed for res in done)
+            messages = [res.message() for res in done]
+            suffix = self.setup.format.suffix_ids(self.tokenizer, messages)
+            if len(t.ids) + len(suffix) >= self.max_len:  # no room left to answer: stop here
+                t.truncated = True
+                continue
+            t.add(suffix, sampled=False)
+            t.messages += messages
+            self.logps[r] += [0.0] * len(suffix)
+            blocks.append((a, r, missing + suffix))
+        return blocks
+
+    def continue_rows(self, rows, blocks, out: Decoded) -> tuple[list[int], Decoded]:
+        """Prefill each block after its row's cache and decode the next turn of those rows."""
+        keep = torch.tensor([a for a, _, _ in blocks], device=out.attention.device)
+        out.cache.batch_select_indices(keep)
+        attention = out.attention[keep]  # (C, W)
+        next_rows = [r for _, r, _ in blocks]
+        self.reused += int(attention.sum())  # what a re-encoding loop would prefill again
+        ids, mask = left_pad([b for _, _, b in blocks], self.pad, attention.device)  # (C, B)
+        self.prefilled += int(mask.sum())
+        used = torch.tensor([len(self.traj[r].ids) for r in next_rows])
+        sampling = replace(self.sampling, max_new_tokens=int(self.max_len - used.min()))
+        noise = ShiftedNoise(self.noise, torch.tensor(next_rows), used).to(attention.device)
+        seen = self._seen(next_rows, attention.device) if sampling.repetition_penalty != 1 else None
+        decoded = continue_decoding(
+            self.model, out.cache, attention, ids, mask, sampling, eos_token_ids=self.eos,
+            pad_token_id=self.pad, noise=noise, seen=seen, record_logprobs=self.record,
+        )  # fmt: skip
+        return next_rows, decoded
+
+    def _seen(self, rows: list[int], device) -> torch.Tensor:
+        """`(C, V)` every token of each row's history (prompt and exchange), for the penalty."""
+        vocab = unwrap_peft(self.model).get_output_embeddings().weight.shape[0]
+        seen = torch.zeros(len(rows), vocab, dtype=torch.bool, device=device)
+        for c, r in enumerate(rows):
+            history = self.prompts[r] + self.traj[r].ids
+            seen[c, torch.tensor(history, device=device)] = True
+        return seen
+
+
+def run_tool_loop(
+    model,
+    tokenizer,
+    prompt_ids: list[list[int]],
+    boxes: list[dict[str, Tool]],
+    setup: ToolSetup,
+    sampling: SamplingParams,
+    *,
+    group: int,
+    eos_token_ids: list[int],
+    pad_token_id: int,
+    share_prompt_prefix: bool = True,
+    noise: SamplingNoise | None = None,
+    record_logprobs: bool = False,
+) -> ToolLoopResult:
+    """Run the loop on N = len(prompt_ids) rows (rows p*G .. p*G+G-1 are prompt p's samples;
+    a group whose prompts differ, e.g. after an environment's reset, is prefilled row by row)."""
+    noise = noise if noise is not None else GeneratorNoise(None)
+    shared = _groups_share(prompt_ids, group)
+    unique = prompt_ids[::group] if shared else prompt_ids
+    loop = _Loop(model, tokenizer, setup, sampling, prompt_ids, boxes, eos_token_ids,
+                 pad_token_id, noise, record_logprobs)  # fmt: skip
+    ids, mask, out, loop.prefilled = prefill_and_decode(
+        model, unique, group if shared else 1, eos_token_ids, pad_token_id, sampling, noise,
+        share_prompt_prefix, drop_finished=False, record_logprobs=record_logprobs,
+    )  # fmt: skip
+    rows, width, rounds = list(range(len(prompt_ids))), mask.shape[1], 0
+    with torch.inference_mode():
+        while True:
+            going = loop.take_turn(rows, out, width)
+            limit = setup.max_iterations
+            if not going or (limit is not None and rounds >= limit):
+                break
+            blocks = loop.run_tools(going)
+            rounds += 1
+            if not blocks:
+                break
+            width = out.attention.shape[1] + max(len(b) for _, _, b in blocks)
+            rows, out = loop.continue_rows(rows, blocks, out)
+    return ToolLoopResult(
+        prompt_ids=ids.clone(),
+        prompt_mask=mask.clone(),
+        trajectories=loop.traj,
+        num_prefill_tokens=loop.prefilled,
+        num_reused_tokens=loop.reused,
+        logprobs=loop.logps if record_logprobs else None,
+    )
+
+
+def pack(result: ToolLoopResult, pad_token_id: int) -> RolloutBatch:
+    """The trajectories as a `RolloutBatch`: completion = every token after the prompt (N, Tc),
+    `sampled_mask` = the policy's own tokens, the per-row tool counts."""
+    trajectories = result.trajectories
+    width = max(1, max(len(t.ids) for t in trajectories))
+    ids = torch.full((len(trajectories), width), pad_token_id, dtype=torch.long)  # (N, Tc)
+    mask = torch.zeros_like(ids)  # (N, Tc)
+    sampled = torch.zeros_like(ids)  # (N, Tc)
+    for r, t in enumerate(trajectories):
+        ids[r, : len(t.ids)] = torch.tensor(t.ids, dtype=torch.long)
+        mask[r, : len(t.ids)] = 1
+        sampled[r, : len(t.ids)] = torch.tensor(t.sampled, dtype=torch.long)
+    device = result.prompt_ids.device
+
+    def per_row(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=device)
+
+    return RolloutBatch(
+        prompt_ids=result.prompt_ids,
+        prompt_mask=result.prompt_mask,
+        completion_ids=ids.to(device),
+        completion_mask=mask.to(device),
+        is_truncated=torch.tensor([t.truncated for t in trajectories], device=device),
+        num_prefill_tokens=result.num_prefill_tokens,
+        num_generated_tokens=int(sampled.sum()),
+        sampled_mask=sampled.to(device),
+        tool_calls=per_row([t.tool_calls for t in trajectories]),
+        tool_failures=per_row([t.tool_failures for t in trajectories]),
+        turns=per_row([t.turns for t in trajectories]),
+        num_reused_tokens=result.num_reused_tokens,
+    )
+
+
+__all__ = ["ToolCall", "ToolLoopResult", "ToolSetup", "pack", "run_tool_loop"]
