@@ -2,7 +2,7 @@
 the work is done by `grpo_plugin.app` (nothing in the library imports this module).
 
     grpo-plugin train RECIPE.yaml|NAME [--key value ...] [--dry-run]
-    grpo-plugin eval --model M [--adapter DIR] --dataset D --reward R [--k 8]
+    grpo-plugin eval --model M [--adapter DIR] --dataset D --reward R [--k 8] [--tool T ...]
     grpo-plugin rewards
     grpo-plugin recipes
     grpo-plugin publish OUTPUT_DIR --repo-id USER/NAME
@@ -115,6 +115,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     )
     from .training.evaluation import evaluate
     from .training.policy import load_policy
+    from .training.tool_setup import ToolInputs
 
     try:
         spec = parse_dataset_arg(args.dataset)
@@ -129,6 +130,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         model_name = args.model or (args.adapter and _base_of_adapter(args.adapter))
         if not model_name:
             raise RecipeError("pass --model (or --adapter DIR of a grpo-plugin run)")
+        tool_inputs = ToolInputs.check(args.tool or None, None, None)
     except (RecipeError, ValueError, TypeError, KeyError) as err:
         return fail(str(err))
     model, tokenizer = load_policy(model_name, load_in_4bit=args.load_in_4bit)
@@ -136,6 +138,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, args.adapter)
+    try:
+        tools = tool_inputs.setup(tokenizer, args)
+    except ValueError as err:
+        return fail(str(err))
     scores = evaluate(
         model,
         tokenizer,
@@ -144,8 +150,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         k=args.k,
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
+        tools=tools,
     )
     run = {"model": model_name, "adapter": args.adapter, "dataset": dataset_label(spec)}
+    run["tools"] = args.tool or []
     result = {**run, "reward": args.reward, **scores}
     print(json.dumps(result, indent=2))
     if args.output:
@@ -165,6 +173,14 @@ def _eval_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--load-in-4bit", action="store_true")
     p.add_argument("--output", default=None, help="also write the result JSON here")
+    p.add_argument(
+        "--tool", action="append", default=None,
+        help="a tool the model may call: python, module:function or file.py:function (repeat)",
+    )  # fmt: skip
+    p.add_argument("--tool-chat-template", default="auto", help="auto | chatml | model")
+    p.add_argument("--max-tool-calling-iterations", type=int, default=None)
+    p.add_argument("--tool-timeout", type=float, default=10.0, help="seconds per round of calls")
+    p.add_argument("--max-tool-result-length", type=int, default=1000, help="characters")
 
 
 # ----------------------------------------------------------------------------- main

@@ -30,6 +30,7 @@ from .recipe import (
     eval_metrics_fn,
     load_recipe,
     one_line,
+    recipe_tools,
     resolve_rewards,
     reward_specs,
 )
@@ -77,8 +78,10 @@ def _evaluate(trainer, dataset, reward_fn: Callable, recipe: Recipe) -> dict[str
     spec.setdefault("seed", recipe.config.seed)
     model = trainer.accelerator.unwrap_model(trainer.model)
     spec["accelerator"] = trainer.accelerator  # sharded over the processes, then gathered
+    spec["tools"] = trainer.tool_setup  # the tools are available before and after alike
     result = evaluate(model, trainer.processing_class, dataset, reward_fn, **spec)
-    keep = ("accuracy", "n") + tuple(k for k in result if k.startswith("pass@"))
+    keep = ("accuracy", "n", "tool_call_rate", "tool_calls")
+    keep += tuple(k for k in result if k.startswith("pass@"))
     return {k: result[k] for k in keep if k in result}
 
 
@@ -105,6 +108,7 @@ def _build_trainer(recipe: Recipe, rewards: list[Callable], train, held_out):
         eval_dataset=held_out,
         peft_config=peft_config,
         eval_metrics=eval_metrics_fn(recipe),
+        tools=recipe_tools(recipe) or None,
     )
     trainer.dataset_names = dataset_hub_ids(recipe.args.dataset)
     return trainer
@@ -150,6 +154,11 @@ def summary_lines(evaluation: dict[str, Any], out: Path) -> list[str]:
         f"Held-out greedy accuracy (n={after.get('n', '?')}, {evaluation['reward']}): "
         f"{_pct(before.get('accuracy'))} -> {_pct(after.get('accuracy'))}"
     ]
+    if "tool_call_rate" in after:
+        lines.append(
+            f"Tool-call rate: {_pct(before.get('tool_call_rate'))} -> "
+            f"{_pct(after['tool_call_rate'])}"
+        )
     for key in after:
         if key.startswith("pass@"):
             lines.append(f"{key}: {_pct(before.get(key))} -> {_pct(after.get(key))}")

@@ -1,5 +1,5 @@
 """Recipes: a YAML file of `GRPOConfig` fields plus `model`, `dataset`, `reward_funcs`, `lora`,
-`load_in_4bit`, `eval` and `eval_metrics`, with command-line flags on top.
+`load_in_4bit`, `eval`, `eval_metrics` and `tools`, with command-line flags on top.
 
 Parsing goes through `transformers.HfArgumentParser` over `(RecipeArguments, GRPOConfig)`:
 flags are parsed by it (types, `--no_x` booleans, help text), merged over the YAML, and the merged
@@ -98,6 +98,14 @@ class RecipeArguments:
             "help": "Task metrics at every evaluation: 'module:function' or 'file.py:function' "
             "(relative to the recipe), called with the greedy completions, prompts and dataset "
             "columns; returns {name: number}, logged as eval_<name>."
+        },
+    )
+    tools: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Tools the model may call (multi-turn): 'python' (the built-in sandboxed "
+            "interpreter), 'module:function' or 'file.py:function' (relative to the recipe); "
+            "typed functions with Google-style docstrings. Needs chat prompts."
         },
     )
 
@@ -379,6 +387,20 @@ def check_evaluation(recipe: Recipe, rewards: list[Callable]) -> None:
         raise RecipeError(one_line(err)) from err
 
 
+def recipe_tools(recipe: Recipe) -> list[Callable]:
+    """The recipe's tools as callables (names resolved relative to the recipe), schemas checked."""
+    from ..training.tool_setup import resolve_tool, resolve_tools
+
+    base = Path(recipe.source).parent if recipe.source else None
+    specs = recipe.args.tools or []
+    try:
+        callables = [resolve_tool(spec, base) for spec in specs]
+        resolve_tools(callables)
+    except ValueError as err:
+        raise RecipeError(one_line(err)) from err
+    return callables
+
+
 def check_recipe(recipe: Recipe) -> list[Callable]:
     """Everything that can be checked without a model; returns the resolved rewards."""
     if recipe.args.load_in_4bit and recipe.args.lora is None:
@@ -400,4 +422,5 @@ def check_recipe(recipe: Recipe) -> list[Callable]:
         check_reward_columns(rewards, columns, "the dataset")
     check_eval_spec(recipe)
     check_evaluation(recipe, rewards)
+    recipe_tools(recipe)
     return rewards

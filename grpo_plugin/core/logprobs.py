@@ -237,8 +237,13 @@ def completion_logprobs(
     entropy_grad: bool = False,
     pad_to_multiple_of: int | None = None,
     return_aux_loss: bool = False,
+    score_mask: torch.LongTensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Log-probs `(N, Tc)` float32 of each completion token (0 where `completion_mask` is 0).
+
+    `score_mask` `(N, Tc)` (a subset of `completion_mask`; default: all of it) limits the LM head
+    to those positions: a multi-turn completion attends to its tool results but only its sampled
+    tokens are scored (log-probs and entropy 0 elsewhere).
 
     Prompts are left-padded `(N, Lp)`, completions right-padded `(N, Tc)`. Differentiable when grad
     is enabled. With `share_prompt_prefix` and `group_size`, rows p*G .. p*G+G-1 must share prompt
@@ -275,7 +280,8 @@ def completion_logprobs(
         aux_loss = moe_load_balancing_loss(model, router_logits, full_mask)
     else:
         hidden = _completion_hidden(model, tensors, group_size, share_prompt_prefix)  # (N, T, H)
-    real = tensors[3].bool()  # (N, T)
+    real = tensors[3] if score_mask is None else score_mask[:, :width] * tensors[3]  # (N, T)
+    real = real.bool()
     entropy_mode = ("grad" if entropy_grad else "detached") if return_entropy else ""
     selected_logps, selected_entropy = _chunked_head(
         model,

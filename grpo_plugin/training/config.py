@@ -1,7 +1,8 @@
 """`GRPOConfig`: TRL's GRPO options (same names, same meanings) plus grpo-plugin's own.
 
 The TRL 1.16 fields not defined here live in `config_trl.TRLArguments` (implemented, or accepted
-only at TRL's default), which this class extends.
+only at TRL's default) and the tool-calling ones in `config_tools.ToolArguments`, which this class
+extends.
 
 Defaults that differ from `transformers.TrainingArguments`:
 - `learning_rate=1e-5`: TRL's 1e-6 targets full fine-tuning. A LoRA update is a rank-r delta scaled by
@@ -26,7 +27,7 @@ import torch
 from ..core.objectives import ESTIMATORS, LOSS_TYPES, LossParams, check_loss_hyperparameters
 from ..core.objectives import IMPORTANCE_SAMPLING_LEVELS as IMPORTANCE_LEVELS
 from ..rollout.types import SamplingParams
-from .config_trl import TRLArguments
+from .config_tools import ToolArguments
 from .distributed import launched_without_accelerators
 
 logger = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
 
 
 @dataclass
-class GRPOConfig(TRLArguments):
+class GRPOConfig(ToolArguments):
     """Configuration for `GRPOTrainer`. Every field has help text (`--help` in the CLI shows it)."""
 
     # --- overridden TrainingArguments defaults -------------------------------------------------
@@ -90,7 +91,11 @@ class GRPOConfig(TRLArguments):
         metadata={"help": "Keep only the last N prompt tokens (left truncation). None: no limit."},
     )
     max_completion_length: int = field(
-        default=256, metadata={"help": "Maximum number of generated tokens per completion."}
+        default=256,
+        metadata={
+            "help": "Maximum number of tokens after the prompt. With tools this bounds the whole "
+            "exchange: sampled turns, tool results and the template glue between them."
+        },
     )
     generation_batch_size: int | None = field(
         default=None,

@@ -54,7 +54,6 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "vllm_gpu_memory_utilization": (0.3, _VLLM),
     "vllm_max_model_length": (None, _VLLM),
     "vllm_tensor_parallel_size": (1, _VLLM),
-    "max_tool_calling_iterations": (None, "tool calling is not supported by this trainer yet"),
     "vllm_importance_sampling_correction": (True, _VLLM_IS),
     "vllm_importance_sampling_mode": ("sequence_mask", _VLLM_IS),
     "vllm_importance_sampling_clip_max": (3.0, _VLLM_IS),
@@ -200,7 +199,6 @@ class TRLArguments(TrainingArguments):
     vllm_gpu_memory_utilization: float = _refused("vllm_gpu_memory_utilization")
     vllm_max_model_length: int | None = _refused("vllm_max_model_length")
     vllm_tensor_parallel_size: int = _refused("vllm_tensor_parallel_size")
-    max_tool_calling_iterations: int | None = _refused("max_tool_calling_iterations")
     vllm_importance_sampling_correction: bool = _refused("vllm_importance_sampling_correction")
     vllm_importance_sampling_mode: str = _refused("vllm_importance_sampling_mode")
     vllm_importance_sampling_clip_max: float | None = _refused("vllm_importance_sampling_clip_max")

@@ -64,6 +64,7 @@ class _Totals:
     per_func: list[torch.Tensor] = field(default_factory=list)  # chunks of (n, F)
     lengths: list[torch.Tensor] = field(default_factory=list)  # chunks of (n,)
     truncated: list[torch.Tensor] = field(default_factory=list)  # chunks of (n,) bool
+    tool_calls: list[torch.Tensor] = field(default_factory=list)  # chunks of (n,), with tools
     loss_stats: dict[str, list[float]] = field(default_factory=dict)  # per chunk
     logged: dict[str, list[float]] = field(default_factory=dict)  # rewards' log_metric values
     hook_inputs: dict[str, list] = field(default_factory=dict)  # greedy prompts, completions, ...
@@ -90,7 +91,9 @@ class _Totals:
     def add_scored(self, rollout: Rollout, k: int) -> None:
         self.rewards.append(rollout.rewards)
         self.per_func.append(rollout.per_func)
-        self.lengths.append(rollout.batch.completion_mask.sum(dim=1).float().cpu())
+        self.lengths.append(rollout.batch.model_mask.sum(dim=1).float().cpu())
+        if rollout.batch.tool_calls is not None:
+            self.tool_calls.append(rollout.batch.tool_calls.cpu())
         self.truncated.append(rollout.batch.is_truncated.cpu())
         if k > 1:
             first = rollout.per_func[:, 0].view(-1, k)  # (P, k)
@@ -101,7 +104,7 @@ class _Totals:
         """Append another process's totals (called in process order)."""
         self.correct += other.correct
         self.pass_at_k += other.pass_at_k
-        for name in ("rewards", "per_func", "lengths", "truncated"):
+        for name in ("rewards", "per_func", "lengths", "truncated", "tool_calls"):
             getattr(self, name).extend(getattr(other, name))
         for key, values in other.loss_stats.items():
             self.loss_stats.setdefault(key, []).extend(values)
@@ -132,6 +135,10 @@ class _Totals:
             out["clip_ratio/low_min"] = min(self.loss_stats["clip_ratio/low_mean"])
             out["clip_ratio/high_max"] = max(self.loss_stats["clip_ratio/high_mean"])
         out["num_tokens"] = float(self.num_tokens)
+        if self.tool_calls:  # with tools: calls per completion and share that call one
+            calls = torch.cat(self.tool_calls).float()
+            out["tools/call_frequency"] = calls.mean().item()
+            out["tools/call_rate"] = (calls > 0).float().mean().item()
         return out
 
 
@@ -207,6 +214,7 @@ class SetEvaluator:
             chat_template_kwargs=a.chat_template_kwargs,
             share_prompt_prefix=a.share_prompt_prefix,
             noise=noise,
+            tools=self.trainer.tool_setup,
         )
 
     def run(self, dataset: Any) -> dict[str, float]:
@@ -279,7 +287,7 @@ class SetEvaluator:
             advantages = rollout_advantages(rollout, a, self.trainer.reward_weights, group_size=k)
         else:
             advantages = torch.zeros(len(rollout.completions), 1)
-        loss_mask = b.completion_mask.clone()  # (N, Tc)
+        loss_mask = b.model_mask.clone()  # (N, Tc) sampled tokens
         if a.mask_truncated_completions:
             loss_mask[b.is_truncated] = 0
         tensors = (b.prompt_ids, b.prompt_mask, b.completion_ids, b.completion_mask)
@@ -288,6 +296,7 @@ class SetEvaluator:
             chunk_size=a.logprob_chunk_size,
             group_size=k,
             share_prompt_prefix=a.share_prompt_prefix and k > 1,
+            score_mask=b.sampled_mask,
         )
         logps, entropy = completion_logprobs(self.model, *tensors, return_entropy=True, **options)
         ref_logps = None
@@ -302,7 +311,7 @@ class SetEvaluator:
             loss_mask,
             a.loss_params(),  # the training loss type and its options (on-policy: ratio 1)
         )
-        valid = b.completion_mask.bool()
+        valid = b.model_mask.bool()
         out = {"loss": loss.item(), "entropy": entropy[valid].mean().item() if valid.any() else 0.0}
         out.update({f"{key}_mean": stats[key] for key in LOSS_STATS if key in stats})
         if "kl" in stats:

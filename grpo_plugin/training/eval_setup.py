@@ -31,7 +31,7 @@ BUILTIN_KEYS = (
 
 
 def _load_file_module(path: Path) -> Any:
-    name = f"_grpo_eval_metrics_{path.stem}"
+    name = f"_grpo_user_{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -39,17 +39,13 @@ def _load_file_module(path: Path) -> Any:
     return module
 
 
-def resolve_eval_metrics(
-    spec: EvalMetricsFn | str | None, base_dir: str | Path | None = None
-) -> EvalMetricsFn | None:
-    """A callable, or `"package.module:function"`, or `"path/to/file.py:function"` (relative to
-    `base_dir`, else the working directory)."""
-    if spec is None or callable(spec):
-        return spec
+def load_callable(spec: str, what: str, base_dir: str | Path | None = None) -> Callable:
+    """`"package.module:function"` or `"path/to/file.py:function"` (relative to `base_dir`, else
+    the working directory) as a callable; a ValueError names `what` and the fix."""
     if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
         raise ValueError(
-            f"eval_metrics={spec!r} must be 'module:function' or 'file.py:function' "
-            "(e.g. eval_metrics: my_metrics:exact_match)"
+            f"{what}={spec!r} must be 'module:function' or 'file.py:function' "
+            f"(e.g. {what}: my_module:my_function)"
         )
     module_name, attr = spec.split(":")
     try:
@@ -64,13 +60,23 @@ def resolve_eval_metrics(
             module = importlib.import_module(module_name)
     except Exception as err:  # a missing module, or user code that fails on import
         raise ValueError(
-            f"eval_metrics={spec!r}: cannot import {module_name!r} ({type(err).__name__}: {err}); "
+            f"{what}={spec!r}: cannot import {module_name!r} ({type(err).__name__}: {err}); "
             "give an importable module or a .py file path"
         ) from err
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise ValueError(f"eval_metrics={spec!r}: {module_name!r} has no function {attr!r}")
+        raise ValueError(f"{what}={spec!r}: {module_name!r} has no function {attr!r}")
     return fn
+
+
+def resolve_eval_metrics(
+    spec: EvalMetricsFn | str | None, base_dir: str | Path | None = None
+) -> EvalMetricsFn | None:
+    """A callable, or `"package.module:function"`, or `"path/to/file.py:function"` (relative to
+    `base_dir`, else the working directory)."""
+    if spec is None or callable(spec):
+        return spec
+    return load_callable(spec, "eval_metrics", base_dir)
 
 
 def check_metrics_result(result: Any, fn: EvalMetricsFn) -> dict[str, float]:

@@ -56,9 +56,12 @@ def _score_batches(
     batch_size: int,
     seed: int = 0,
     offset: int = 0,
+    tools=None,
+    calls: list[int] | None = None,
 ) -> list[list[float]]:
     """Per prompt, the rewards (NaN = not scored) of its `num_return` completions. Samples are
-    keyed on (seed, the prompt's index in the whole set = `offset` + its index here)."""
+    keyed on (seed, the prompt's index in the whole set = `offset` + its index here). With
+    `tools`, each completion's tool-call count is appended to `calls`."""
     prompts_per_batch = max(1, batch_size // num_return)
     per_prompt: list[list[float]] = []
     for start in range(0, len(dataset), prompts_per_batch):
@@ -69,22 +72,26 @@ def _score_batches(
             indices = range(offset + start, offset + stop)
             noise = KeyedNoise.for_evaluation(seed, indices, num_return, sampling.max_new_tokens)
         rollout = sample_groups(
-            model, tokenizer, rows, sampling, num_generations=num_return, noise=noise
+            model, tokenizer, rows, sampling, num_generations=num_return, noise=noise, tools=tools
         )
         rewards = score_rollout(rollout, [reward_fn], torch.ones(1)).rewards
+        if calls is not None and rollout.batch.tool_calls is not None:
+            calls += rollout.batch.tool_calls.tolist()
         per_prompt += rewards.view(len(rows), num_return).tolist()
     return per_prompt
 
 
 def _score_prompts(
     model, tokenizer, dataset, reward_fn, *, k, num_samples, max_new_tokens, batch_size,
-    temperature, seed, offset=0,
+    temperature, seed, offset=0, tools=None, calls=None,
 ) -> tuple[list[float], list[list[float]] | None]:  # fmt: skip
-    """Per prompt: the greedy reward, and the rewards of `num_samples` samples (None when k=0)."""
+    """Per prompt: the greedy reward, and the rewards of `num_samples` samples (None when k=0);
+    the greedy completions' tool-call counts go to `calls`."""
     greedy_params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
     greedy = _score_batches(
-        model, tokenizer, dataset, reward_fn, greedy_params, num_return=1, batch_size=batch_size
-    )
+        model, tokenizer, dataset, reward_fn, greedy_params, num_return=1, batch_size=batch_size,
+        tools=tools, calls=calls,
+    )  # fmt: skip
     if not k:
         return [r[0] for r in greedy], None
     sampled_params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
@@ -98,6 +105,7 @@ def _score_prompts(
         batch_size=batch_size,
         seed=seed,
         offset=offset,
+        tools=tools,
     )
     return [r[0] for r in greedy], sampled
 
@@ -124,13 +132,18 @@ def _score_sharded(accelerator, model, tokenizer, dataset, reward_fn, **kwargs):
         len(dataset), accelerator.num_processes, accelerator.process_index
     )
     shard = dataset.select(range(start, stop))
+    calls_sink, calls, local = kwargs.pop("calls", None), [], None
     with full_parameters(accelerator, model):
-        local = None
         if len(shard):
-            local = _score_prompts(model, tokenizer, shard, reward_fn, offset=start, **kwargs)
+            greedy, sampled = _score_prompts(
+                model, tokenizer, shard, reward_fn, offset=start, calls=calls, **kwargs
+            )
+            local = (greedy, sampled, calls)
     parts = [part for part in gather_objects(accelerator, local) if part is not None]
-    rewards = [r for greedy, _ in parts for r in greedy]
-    sampled = None if not kwargs["k"] else [row for _, rows in parts for row in rows]
+    rewards = [r for greedy, _, _ in parts for r in greedy]
+    sampled = None if not kwargs["k"] else [row for _, rows, _ in parts for row in rows]
+    if calls_sink is not None:
+        calls_sink += [c for _, _, counts in parts for c in counts]
     return rewards, sampled
 
 
@@ -148,8 +161,13 @@ def evaluate(
     success_threshold: float = 1.0,
     seed: int = 0,
     accelerator=None,
+    tools=None,
 ) -> dict[str, float | int]:
     """Greedy accuracy and pass@k of `model` on `dataset` (needs a `prompt` column).
+
+    With `tools` (a `rollout.multiturn.ToolSetup`) every completion may call them (greedy and
+    sampled alike), and the result adds the greedy completions' `tool_call_rate` (share with at
+    least one call) and `tool_calls` (calls per completion).
 
     Returns `{"n", "accuracy", "mean_reward", "pass@k", "k", "num_samples"}` (the last three only
     when k is a positive int). pass@k uses `num_samples` (default k, must be >= k) samples per
@@ -172,7 +190,9 @@ def evaluate(
     if k and num_samples < k:
         raise ValueError(f"num_samples={num_samples} must be >= k={k} for pass@k")
     options = dict(k=k, num_samples=num_samples, max_new_tokens=max_new_tokens)
-    options.update(batch_size=batch_size, temperature=temperature, seed=seed)
+    options.update(batch_size=batch_size, temperature=temperature, seed=seed, tools=tools)
+    calls: list[int] = []
+    options["calls"] = calls
     was_training = model.training
     model.eval()
     try:
@@ -184,6 +204,10 @@ def evaluate(
             rewards, sampled = _score_prompts(model, tokenizer, dataset, reward_fn, **options)
     finally:
         model.train(was_training)
-    return _summarize(
+    result = _summarize(
         rewards, sampled, k=k, num_samples=num_samples, success_threshold=success_threshold
     )
+    if tools is not None and calls:
+        result["tool_call_rate"] = sum(c > 0 for c in calls) / len(calls)
+        result["tool_calls"] = sum(calls) / len(calls)
+    return result

@@ -30,23 +30,6 @@ def check_prompt_dataset(dataset: Any, name: str) -> Any:
     return dataset
 
 
-def check_unsupported_arguments(
-    tools: Any = None, rollout_func: Any = None, environment_factory: Any = None
-) -> None:
-    """TRL's `tools`, `rollout_func` and `environment_factory` are refused by name (not ignored)."""
-    given = {
-        "tools": tools,
-        "rollout_func": rollout_func,
-        "environment_factory": environment_factory,
-    }
-    for name, value in given.items():
-        if value is not None:
-            raise ValueError(
-                f"{name}= is not supported: this trainer samples single-turn completions with its "
-                "own sampler (no tool calls, custom rollouts or environments); leave it None."
-            )
-
-
 def reward_weight_tensor(weights: list[float] | None, num_funcs: int) -> torch.Tensor:
     weights = weights or [1.0] * num_funcs
     if len(weights) != num_funcs:

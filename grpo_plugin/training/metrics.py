@@ -25,13 +25,31 @@ def reward_metrics(r: Rollout, names: Sequence[str]) -> dict[str, float]:
         "reward_std": torch.nanmean(nanstd(r.rewards.view(-1, group_size), dim=1)).item(),
         "frac_reward_zero_std": 1.0
         - informative_groups(r.rewards, group_size).float().mean().item(),
-        "completions/mean_length": r.batch.completion_mask.sum(dim=1).float().mean().item(),
+        "completions/mean_length": r.batch.model_mask.sum(dim=1).float().mean().item(),
         "completions/clipped_ratio": r.batch.is_truncated.float().mean().item(),
     }
     for j, name in enumerate(names):
         out[f"rewards/{name}/mean"] = torch.nanmean(r.per_func[:, j]).item()
         out[f"rewards/{name}/std"] = nanstd(r.per_func[:, j], dim=0).item()
-    return out
+    return out | tool_metrics(r.batch)
+
+
+def tool_metrics(b) -> dict[str, float]:
+    """With tools: TRL's `tools/call_frequency` (calls per completion) and
+    `tools/failure_frequency` (failed / calls), and ours: `tools/call_rate` (completions with a
+    call), `tools/turns_mean`, `tools/prefill_tokens` and `tools/reused_tokens` (history tokens
+    later turns found in the KV cache instead of re-encoding them). {} without tools."""
+    if b.tool_calls is None:
+        return {}
+    calls = b.tool_calls.float()  # (N,)
+    return {
+        "tools/call_frequency": calls.mean().item(),
+        "tools/failure_frequency": b.tool_failures.sum().item() / max(1.0, calls.sum().item()),
+        "tools/call_rate": (calls > 0).float().mean().item(),
+        "tools/turns_mean": b.turns.float().mean().item(),
+        "tools/prefill_tokens": float(b.num_prefill_tokens),
+        "tools/reused_tokens": float(b.num_reused_tokens),
+    }
 
 
 def completion_records(

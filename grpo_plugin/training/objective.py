@@ -107,7 +107,9 @@ class TrainingObjective:
         elif self.params.loss_type == "bnpo":  # per-token mean over the micro-batch
             loss = loss * self._global_share(mask)
         metrics = _loss_metrics(stats)
-        valid = batch.completion_mask.bool()  # every completion token, as TRL's `entropy`
+        valid = (  # every sampled completion token, as TRL's `entropy` (tool results excluded)
+            batch.completion_mask if batch.sampled_mask is None else batch.sampled_mask
+        ).bool()
         if valid.any():
             metrics["entropy"] = entropy[valid].mean().item()
         if self.entropy.enabled:

@@ -41,15 +41,20 @@ class RewardSources:
         args: Any,
         init_kwargs: dict[str, Any],
         context: RewardContext,
+        extra: list[Callable] = (),
     ) -> RewardSources:
         """Resolve `reward_funcs` (loading reward models with `init_kwargs`) and check the weights
-        (`args.reward_weights`)."""
-        funcs = resolve_reward_funcs(reward_funcs, processing_classes, init_kwargs)
+        (`args.reward_weights`). `extra` rewards (environments' `get_reward`) come last, with
+        weight 1 each, as in TRL; with them `reward_funcs` may be None."""
+        given = reward_funcs is not None or not extra
+        funcs = resolve_reward_funcs(reward_funcs, processing_classes, init_kwargs) if given else []
+        weights = reward_weight_tensor(args.reward_weights, len(funcs)) if funcs else torch.ones(0)
+        funcs += list(extra)
         wrapped = context.wrap(funcs, keep=is_reward_model)
         return cls(
             funcs=wrapped,
             names=[reward_fns.reward_name(f) for f in wrapped],
-            weights=reward_weight_tensor(args.reward_weights, len(funcs)),
+            weights=torch.cat([weights, torch.ones(len(extra))]),
             processing_classes=[getattr(f, "tokenizer", None) for f in funcs],
             context=context,
         )

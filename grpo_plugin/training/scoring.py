@@ -123,9 +123,14 @@ def combine_rewards(per_func: torch.Tensor, weights: torch.Tensor) -> torch.Tens
 def score_rollout(
     rollout: Rollout, reward_funcs: Sequence[Callable], weights: torch.Tensor
 ) -> Rollout:
-    """Fill `rollout.per_func` `(N, F)` and `rollout.rewards` `(N,)` (in place; returned too)."""
+    """Fill `rollout.per_func` `(N, F)` and `rollout.rewards` `(N,)` (in place; returned too).
+    With environments (`environment_factory`) every function also gets `environments` (N,), as
+    in TRL."""
+    columns = rollout.columns
+    if rollout.environments is not None:
+        columns = {**columns, "environments": rollout.environments}
     rollout.per_func = score_completions(
-        reward_funcs, rollout.prompts, rollout.completions, rollout.completion_ids, rollout.columns
+        reward_funcs, rollout.prompts, rollout.completions, rollout.completion_ids, columns
     )
     rollout.rewards = combine_rewards(rollout.per_func, weights)
     return rollout

@@ -13,9 +13,10 @@
                                    of core/, entropy terms, MoE router loss)
 
 How it differs from TRL's trainer: each distinct prompt is prefilled once and its KV cache shared by
-its G completions (generation and training forward); no reference pass at beta == 0 and no
-old-policy pass when the rollout is used on-policy; DAPO dynamic sampling; reward-function errors
-name the function and the sample.
+its G completions (generation and training forward); with tools each completion keeps its KV cache
+across turns (`rollout/multiturn.py`); no reference pass at beta == 0 and no old-policy pass when
+the rollout is used on-policy; DAPO dynamic sampling; reward-function errors name the function
+and the sample.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ from ..core.batching import (
 from ..core.logprobs import completion_logprobs
 from ..rollout.dynamic_sampling import refill
 from ..rollout.noise import KeyedNoise, RolloutKey
-from ..rollout.prompts import sample_groups
 from ..rollout.types import Rollout, TrainingBatch
 from . import completions_log, distributed, rundir, streaming
 from .callbacks import (
@@ -60,7 +60,7 @@ from .eval_setup import (
     resolve_eval_metrics,
 )
 from .eval_watch import RewardHackingCallback
-from .inputs import check_prompt_dataset, check_unsupported_arguments
+from .inputs import check_prompt_dataset
 from .metrics import MetricsWindow, reward_metrics
 from .objective import TrainingObjective, rollout_advantages
 from .policy import (
@@ -72,6 +72,8 @@ from .policy import (
 )
 from .reward_context import RewardContext
 from .rewards import RewardSources
+from .sampling import RolloutSampler
+from .tool_setup import ToolInputs
 
 logger = logging.getLogger(__name__)
 
@@ -108,14 +110,16 @@ class GRPOTrainer(Trainer):
         if not isinstance(args, GRPOConfig):
             raise TypeError(f"args must be a grpo_plugin.GRPOConfig, got {type(args).__name__}.")
         # Cheap checks first: nothing is loaded before the inputs are known to be usable.
-        check_unsupported_arguments(tools, rollout_func, environment_factory)
+        tool_inputs = ToolInputs.check(tools, rollout_func, environment_factory)
         train_dataset = check_prompt_dataset(train_dataset, "train_dataset")
+        tool_inputs.check_dataset(train_dataset)
         eval_dataset = check_eval_datasets(eval_dataset)
         streaming.check_streamed_training(train_dataset, args)
         init_kwargs = trainer_init_kwargs(model, args, quantization_config)
         context = RewardContext.of(self)  # trainer_state, log_extra and log_metric for rewards
+        extra = tool_inputs.reward_functions()  # environments' get_reward, as in TRL
         r = RewardSources.resolve(
-            reward_funcs, reward_processing_classes, args, init_kwargs, context
+            reward_funcs, reward_processing_classes, args, init_kwargs, context, extra
         )
         self.rewards = r  # and TRL's attribute names:
         self.reward_funcs, self.reward_names, self.reward_weights = r.funcs, r.names, r.weights
@@ -132,6 +136,9 @@ class GRPOTrainer(Trainer):
             model, processing_class, peft_config, args, init_kwargs, self.model_name
         )
         self.ref_model = build_reference(model, args.beta)
+        self.tool_setup = tool_inputs.setup(processing_class, args)  # the template is checked
+        self.tools, self.rollout_func = [t.fn for t in tool_inputs.tools], rollout_func
+        self._sampler = RolloutSampler(self, self.tool_setup, rollout_func)
         super().__init__(
             model=model,
             args=args,
@@ -248,17 +255,7 @@ class GRPOTrainer(Trainer):
         indices = range(first, first + len(rows))
         noise = KeyedNoise.for_prompts(key, indices, a.num_generations, a.max_completion_length)
         with eval_mode(model):
-            rollout = sample_groups(
-                model,
-                self.processing_class,
-                rows,
-                a.sampling_params(),
-                num_generations=a.num_generations,
-                max_prompt_length=a.max_prompt_length,
-                chat_template_kwargs=a.chat_template_kwargs,
-                share_prompt_prefix=a.share_prompt_prefix,
-                noise=noise,
-            )
+            rollout = self._sampler.sample(model, rows, noise)  # one turn, tools or rollout_func
         t1 = time.perf_counter()
         self.rewards.score(rollout)
         self._metrics.add("timing/generate_s", t1 - t0)
@@ -302,7 +299,7 @@ class GRPOTrainer(Trainer):
     def _training_batch(self, rollout: Rollout) -> TrainingBatch:
         a, b = self.args, rollout.batch
         advantages = rollout_advantages(rollout, a, self.reward_weights)  # (N,)
-        loss_mask = b.completion_mask.clone()  # (N, Tc)
+        loss_mask = b.model_mask.clone()  # (N, Tc) sampled tokens only: no tool results
         if a.mask_truncated_completions:
             loss_mask[b.is_truncated] = 0
         return TrainingBatch(
@@ -312,6 +309,7 @@ class GRPOTrainer(Trainer):
             completion_mask=b.completion_mask,
             loss_mask=loss_mask,
             advantages=advantages.float(),
+            sampled_mask=b.sampled_mask,
         ).padded_to_multiple(a.pad_to_multiple_of, self.processing_class.pad_token_id)
 
     @torch.no_grad()
@@ -351,6 +349,7 @@ class GRPOTrainer(Trainer):
             batch.prompt_mask,
             batch.completion_ids,
             batch.completion_mask,
+            score_mask=batch.sampled_mask,  # with tools: log-probs of sampled tokens only
             temperature=self.args.temperature,
             chunk_size=self.args.logprob_chunk_size,
             group_size=self._share_group,

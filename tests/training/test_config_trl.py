@@ -49,7 +49,6 @@ REFUSED_EXAMPLES = {
     "vllm_importance_sampling_mode": "token_truncate",
     "cache_implementation": "static",
     "ds3_gather_for_generation": False,
-    "max_tool_calling_iterations": 3,
     "log_completions_hub_repo": "me/completions",
     "use_transformers_continuous_batching": True,
     "use_transformers_paged": True,
