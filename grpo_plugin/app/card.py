@@ -177,7 +177,9 @@ def _rewards_sentence(run: dict[str, Any]) -> str:
     listed = ", ".join(_reward_entry(f) for f in funcs)
     datasets = run.get("datasets") or []
     data = f" Training prompts: {', '.join(f'`{d}`' for d in datasets)}." if datasets else ""
-    return f"Reward functions (weighted sum): {listed}.{data}"
+    tools = run.get("tools") or []
+    used = f" Tools the model could call: {', '.join(f'`{t}`' for t in tools)}." if tools else ""
+    return f"Reward functions (weighted sum): {listed}.{data}{used}"
 
 
 def _curve_section(output_dir: Path) -> str:

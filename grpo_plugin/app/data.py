@@ -16,8 +16,12 @@ Dataset spec keys (all optional except where noted):
     eval_size     keep the first N held-out rows (arithmetic default 64)
     seed          arithmetic only: the generator's seed
     low, high     arithmetic only: the operand range (inclusive)
+    low_b, high_b arithmetic only: the second operand's range (default: low, high)
+    operation     arithmetic only: "+" (default) or "*"; `answer` is a + b or a * b
     template      arithmetic only: the question, with {a} and {b}
     system_prompt a system message prepended to arithmetic / gsm8k prompts
+    shots         messages put between the system message and the question (few-shot turns,
+                  e.g. a worked tool call: user, assistant with tool_calls, tool, assistant)
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 from datasets import Dataset
 
 ARITHMETIC_TEMPLATE = "What is {a} + {b}?"
+OPERATIONS = {"+": lambda a, b: a + b, "*": lambda a, b: a * b}
 ARITHMETIC_LOW, ARITHMETIC_HIGH = 0, 20  # ~42% greedy baseline for SmolLM2-135M-Instruct
 GSM8K_HUB_ID = "openai/gsm8k"
 GSM8K_SYSTEM_PROMPT = (
@@ -50,15 +55,19 @@ _KEYS_BY_NAME = {
         "high",
         "template",
         "system_prompt",
+        "low_b",
+        "high_b",
+        "operation",
+        "shots",
     },
-    "gsm8k": _COMMON_KEYS | {"system_prompt"},
+    "gsm8k": _COMMON_KEYS | {"system_prompt", "shots"},
     None: _COMMON_KEYS,
 }
 
 
-def _chat(question: str, system_prompt: str | None) -> list[dict[str, str]]:
+def _chat(question: str, system_prompt: str | None, shots: list | None = None) -> list[dict]:
     system = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    return [*system, {"role": "user", "content": question}]
+    return [*system, *(shots or []), {"role": "user", "content": question}]
 
 
 def arithmetic_dataset(
@@ -70,16 +79,27 @@ def arithmetic_dataset(
     seed: int = 0,
     template: str = ARITHMETIC_TEMPLATE,
     system_prompt: str | None = None,
+    low_b: int | None = None,
+    high_b: int | None = None,
+    operation: str = "+",
+    shots: list[dict[str, Any]] | None = None,
 ) -> tuple[Dataset, Dataset]:
-    """Chat prompts "What is a + b?" with a, b drawn from [low, high], plus an `answer` column.
+    """Chat prompts "What is a + b?" with a from [low, high] and b from [low_b, high_b] (default:
+    the same range), plus an `answer` column (a + b, or a * b with `operation="*"`).
 
-    Train and eval pairs are distinct (no (a, b) pair appears in both) and fixed by `seed`.
+    Train and eval pairs are distinct (no (a, b) pair appears in both) and fixed by `seed`;
+    `shots` (messages) go between the system message and each question.
     """
-    if low > high:
-        raise ValueError(f"arithmetic: low={low} must be <= high={high}")
+    low_b, high_b = low if low_b is None else low_b, high if high_b is None else high_b
+    if low > high or low_b > high_b:
+        raise ValueError(f"arithmetic: low={low} must be <= high={high} (and low_b <= high_b)")
     if "{a}" not in template or "{b}" not in template:
         raise ValueError(f"arithmetic: template must contain {{a}} and {{b}}, got {template!r}")
-    n_pairs = (high - low + 1) ** 2
+    if operation not in OPERATIONS:
+        raise ValueError(f"arithmetic: operation={operation!r}; use one of {', '.join(OPERATIONS)}")
+    if template == ARITHMETIC_TEMPLATE and operation != "+":
+        template = template.replace("+", operation)
+    n_pairs = (high - low + 1) * (high_b - low_b + 1)
     if n_train + n_eval > n_pairs:
         raise ValueError(
             f"arithmetic: {n_train}+{n_eval} prompts need more than the {n_pairs} distinct pairs "
@@ -89,7 +109,7 @@ def arithmetic_dataset(
     pairs: list[tuple[int, int]] = []
     seen: set[tuple[int, int]] = set()
     while len(pairs) < n_train + n_eval:
-        pair = (rng.randint(low, high), rng.randint(low, high))
+        pair = (rng.randint(low, high), rng.randint(low_b, high_b))
         if pair not in seen:
             seen.add(pair)
             pairs.append(pair)
@@ -97,8 +117,10 @@ def arithmetic_dataset(
     def build(chunk: list[tuple[int, int]]) -> Dataset:
         return Dataset.from_dict(
             {
-                "prompt": [_chat(template.format(a=a, b=b), system_prompt) for a, b in chunk],
-                "answer": [str(a + b) for a, b in chunk],
+                "prompt": [
+                    _chat(template.format(a=a, b=b), system_prompt, shots) for a, b in chunk
+                ],
+                "answer": [str(OPERATIONS[operation](a, b)) for a, b in chunk],
             }
         )
 
@@ -132,12 +154,13 @@ def gsm8k_dataset(
     *,
     system_prompt: str | None = GSM8K_SYSTEM_PROMPT,
     n: int | None = None,
+    shots: list[dict[str, Any]] | None = None,
 ) -> Dataset:
     """GSM8K as chat prompts: `question` -> `prompt`; `answer` keeps the "... #### N" solution."""
     table = _take(_load_table(path_or_hub_id, split), n)
     require_columns(table, ["question", "answer"])
     return table.map(
-        lambda row: {"prompt": _chat(row["question"], system_prompt)},
+        lambda row: {"prompt": _chat(row["question"], system_prompt, shots)},
         remove_columns=["question"],
     )
 
@@ -215,7 +238,9 @@ def validate_dataset_spec(spec: dict[str, Any]) -> None:
             "or omit `name` and give `path` to a file with a `prompt` column"
         )
     _check_unknown_keys(spec, name)
-    for key in ("train_size", "eval_size", "seed", "low", "high"):
+    if not isinstance(spec.get("shots", []), list):
+        raise ValueError("dataset: shots must be a list of messages ({role, content, ...})")
+    for key in ("train_size", "eval_size", "seed", "low", "high", "low_b", "high_b"):
         if key in spec and not isinstance(spec[key], int):
             raise ValueError(f"dataset: {key} must be an integer, got {spec[key]!r}")
     if name == "arithmetic":
@@ -234,9 +259,8 @@ def load_prompt_datasets(spec: dict[str, Any]) -> tuple[Dataset, Dataset | None]
     name = spec.get("name")
     train_size, eval_size = spec.get("train_size"), spec.get("eval_size")
     if name == "arithmetic":
-        kwargs = {
-            k: spec[k] for k in ("low", "high", "seed", "template", "system_prompt") if k in spec
-        }
+        names = ("low", "high", "seed", "template", "system_prompt", "low_b", "high_b")
+        kwargs = {k: spec[k] for k in (*names, "operation", "shots") if k in spec}
         n_train = 64 if train_size is None else train_size
         return arithmetic_dataset(n_train, 64 if eval_size is None else eval_size, **kwargs)
     if name == "gsm8k":
@@ -256,12 +280,15 @@ def _load_gsm8k(
 ) -> tuple[Dataset, Dataset | None]:
     path = spec.get("path", GSM8K_HUB_ID)
     system = spec.get("system_prompt", GSM8K_SYSTEM_PROMPT)
-    train = gsm8k_dataset(path, spec.get("split", "train"), system_prompt=system, n=train_size)
+    shots = spec.get("shots")
+    train = gsm8k_dataset(
+        path, spec.get("split", "train"), system_prompt=system, n=train_size, shots=shots
+    )
     eval_path = spec.get("eval_path", None if _is_local(path) else path)
     if eval_path is None:
         return train, None
     eval_split = spec.get("eval_split", "train" if _is_local(eval_path) else "test")
-    held_out = gsm8k_dataset(eval_path, eval_split, system_prompt=system, n=eval_size)
+    held_out = gsm8k_dataset(eval_path, eval_split, system_prompt=system, n=eval_size, shots=shots)
     return train, held_out
 
 

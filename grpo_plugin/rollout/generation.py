@@ -11,6 +11,12 @@
   depend on the batch layout);
 - decoding stops at ANY eos id, finished rows leave the batch (and the KV cache) once they are a
   quarter of it, and the loop ends as soon as every row has finished.
+
+The pieces are public for the multi-turn tool loop (`multiturn.py`): `prefill_and_decode` (with
+`drop_finished=False` every row stays in the cache), `continue_decoding` (prefill only the tokens
+appended to some cached rows, then decode them) and `decode` (the loop itself). They talk to
+the cache through transformers' Cache API only (`batch_repeat_interleave`,
+`batch_select_indices`, `get_seq_length` and the model's own `update`).
 """
 
 from __future__ import annotations

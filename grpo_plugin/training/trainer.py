@@ -419,6 +419,7 @@ class GRPOTrainer(Trainer):
             self.rewards.model_sources(),
         )
         summary["evaluation"] = self.eval_watch.summary(self.args, self.state)
+        summary["tools"] = [getattr(t, "__name__", repr(t)) for t in self.tools]
         return summary
 
     def push_to_hub(self, repo_id: str | None = None, *, token: str | None = None, **kwargs) -> str:

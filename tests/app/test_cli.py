@@ -87,6 +87,11 @@ def test_good_recipe_dry_run(tmp_path, capsys, no_training):
             [],
             "metric_for_best_model='f1' is never logged",
         ),
+        # tools: an unknown name, a module that does not import, a function without a docstring
+        (GOOD + "tools: [calculator]\n", [], "tool 'calculator' is not a built-in tool (python)"),
+        (GOOD + "tools: [no_such_module_xyz:f]\n", [], "cannot import 'no_such_module_xyz'"),
+        (GOOD + "tools: ['math:prod']\n", [], "tool 'prod' cannot be described to the model"),
+        (GOOD + "tool_chat_template: jinja\n", [], "tool_chat_template='jinja'; use one of"),
     ],
     ids=[
         "key",
@@ -99,6 +104,10 @@ def test_good_recipe_dry_run(tmp_path, capsys, no_training):
         "eval-metrics",
         "eval-no-set",
         "best-metric",
+        "tool-name",
+        "tool-import",
+        "tool-schema",
+        "tool-template",
     ],  # fmt: skip
 )
 def test_bad_recipe_gives_one_line_and_exit_2(tmp_path, capsys, no_training, text, flags, expected):
@@ -163,6 +172,19 @@ def test_eval_on_a_tiny_model(tiny_model_dir, tmp_path, capsys):
     assert result["n"] == 3 and 0.0 <= result["accuracy"] <= 1.0
     assert 0.0 <= result["pass@2"] <= 1.0 and result["reward"] == "last_integer"
     assert json.loads(capsys.readouterr().out)["n"] == 3
+
+
+def test_eval_takes_the_same_tools(tiny_model_dir, tmp_path, capsys):
+    code = cli.main([
+        "eval", "--model", str(tiny_model_dir), "--dataset", "arithmetic", "--eval-size", "2",
+        "--reward", "last_integer", "--k", "0", "--max-new-tokens", "4", "--tool", "python",
+    ])  # fmt: skip
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["tools"] == ["python"] and result["tool_call_rate"] == 0.0  # a random model
+    assert cli.main(["eval", "--model", "x", "--dataset", "arithmetic", "--reward",
+                     "last_integer", "--tool", "nope"]) == 2  # fmt: skip
+    assert "tool 'nope' is not a built-in tool" in _one_error_line(capsys)
 
 
 def test_eval_unknown_reward(capsys):

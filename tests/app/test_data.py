@@ -173,3 +173,20 @@ def test_require_columns_names_missing_and_present():
     require_columns(dataset, ["prompt"])
     with pytest.raises(ValueError, match=r"missing column\(s\) \['answer'\].*'solution'"):
         require_columns(dataset, ["prompt", "answer"])
+
+
+def test_arithmetic_multiplication_with_its_own_ranges_and_shots():
+    shot = [{"role": "user", "content": "What is 2 * 3?"}, {"role": "assistant", "content": "6"}]
+    train, held_out = arithmetic_dataset(
+        20, 10, low=100, high=999, low_b=10, high_b=99, operation="*", shots=shot,
+        system_prompt="Use the tool.",
+    )  # fmt: skip
+    for row in train:
+        a, b = map(int, row["prompt"][-1]["content"].removeprefix("What is ").rstrip("?").split(" * "))
+        assert 100 <= a <= 999 and 10 <= b <= 99 and row["answer"] == str(a * b)
+        assert [m["role"] for m in row["prompt"]] == ["system", "user", "assistant", "user"]
+    spec = {"name": "arithmetic", "operation": "*", "low_b": 1, "high_b": 9, "shots": shot}
+    loaded, _ = load_prompt_datasets(spec)
+    assert loaded[0]["prompt"][0]["content"] == "What is 2 * 3?"
+    with pytest.raises(ValueError, match="operation='-'; use one of"):
+        arithmetic_dataset(operation="-")

@@ -56,3 +56,28 @@ def test_refill_gives_up_after_max_rounds():
 
     out, filtered = refill(rollout([[1, 1], [0, 0]], 2, 1), 2, sample, 2, 0)
     assert calls == [2, 2] and filtered == 6 and len(out.rows) == 2
+
+
+def test_multi_turn_rows_keep_their_masks_and_counts_through_a_refill():
+    from dataclasses import replace
+
+    from grpo_plugin.rollout.dynamic_sampling import concat_rollouts
+
+    single = rollout([[1, 0]], prompt_len=2, tag=1)
+    tools = rollout([[0, 1]], prompt_len=2, tag=2)
+    tools.batch = replace(
+        tools.batch,
+        completion_ids=torch.full((2, 5), 2),
+        completion_mask=torch.ones(2, 5, dtype=torch.long),
+        sampled_mask=torch.tensor([[1, 0, 0, 1, 1], [1, 1, 0, 1, 1]]),
+        tool_calls=torch.tensor([1, 2]),
+        tool_failures=torch.tensor([0, 1]),
+        turns=torch.tensor([2, 3]),
+        num_reused_tokens=7,
+    )
+    out = concat_rollouts(single, tools, pad_token_id=0).batch
+    assert out.sampled_mask.tolist() == [[1, 1, 1, 0, 0]] * 2 + [[1, 0, 0, 1, 1], [1, 1, 0, 1, 1]]
+    assert out.tool_calls.tolist() == [0, 0, 1, 2] and out.turns.tolist() == [1, 1, 2, 3]
+    assert out.num_reused_tokens == 7
+    picked = out.select(torch.tensor([3, 0]))
+    assert picked.tool_failures.tolist() == [1, 0] and picked.num_generated_tokens == 4 + 3

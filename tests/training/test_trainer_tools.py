@@ -286,3 +286,20 @@ def test_a_template_we_cannot_parse_fails_before_training(tiny_tokenizer, tmp_pa
             args=GRPOConfig(output_dir=str(tmp_path)), train_dataset=DATA,
             processing_class=tokenizer, tools=[multiply],
         )  # fmt: skip
+
+
+def test_evaluation_offers_the_tools_and_reports_the_call_rate(tiny_tokenizer, tmp_path):
+    from grpo_plugin.training.evaluation import evaluate
+
+    trainer = tool_trainer(tiny_tokenizer, tmp_path, num_generations_eval=1,
+                           per_device_eval_batch_size=4)  # fmt: skip
+    metrics = trainer.evaluate(DATA)
+    assert metrics["eval_accuracy"] == 1.0 and metrics["eval_tools/call_rate"] == 1.0
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    from datasets import Dataset
+
+    result = evaluate(model, tiny_tokenizer, Dataset.from_list(DATA), exact_answer, k=0,
+                      max_new_tokens=200,
+                      tools=trainer.tool_setup)  # fmt: skip
+    assert result["accuracy"] == 1.0 and result["tool_call_rate"] == 1.0
+    assert result["tool_calls"] == 1.0
