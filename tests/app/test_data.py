@@ -182,7 +182,9 @@ def test_arithmetic_multiplication_with_its_own_ranges_and_shots():
         system_prompt="Use the tool.",
     )  # fmt: skip
     for row in train:
-        a, b = map(int, row["prompt"][-1]["content"].removeprefix("What is ").rstrip("?").split(" * "))
+        a, b = map(
+            int, row["prompt"][-1]["content"].removeprefix("What is ").rstrip("?").split(" * ")
+        )
         assert 100 <= a <= 999 and 10 <= b <= 99 and row["answer"] == str(a * b)
         assert [m["role"] for m in row["prompt"]] == ["system", "user", "assistant", "user"]
     spec = {"name": "arithmetic", "operation": "*", "low_b": 1, "high_b": 9, "shots": shot}
