@@ -22,7 +22,8 @@ BUILTIN_KEYS = (
     "completions/clipped_ratio", "completions/mean_terminated_length",
     "completions/min_terminated_length", "completions/max_terminated_length", "entropy",
     "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
-    "clip_ratio/low_min", "clip_ratio/high_max", "num_tokens",
+    "clip_ratio/low_min", "clip_ratio/high_max", "num_tokens", "tools/call_frequency",
+    "tools/call_rate",
     "runtime", "samples_per_second", "steps_per_second",
 )  # fmt: skip
 

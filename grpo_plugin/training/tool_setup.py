@@ -80,9 +80,17 @@ class ToolInputs:
         return cls(resolved, environments, rollout_func)
 
     def check_dataset(self, dataset: Any) -> None:
-        """With a dict of environments, every row must name one (map-style datasets: now)."""
+        """Tools need chat prompts; with a dict of environments every row must name one
+        (map-style datasets: checked now, streamed ones at their first rollout)."""
+        if not self.uses_tools or dataset is None or not hasattr(dataset, "unique"):
+            return
+        if len(dataset) and not isinstance(dataset[0]["prompt"], list):
+            raise ValueError(
+                "tools need chat prompts (lists of {'role', 'content'} messages); the dataset's "
+                "prompts are plain text: wrap each as [{'role': 'user', 'content': prompt}]"
+            )
         env = self.environments
-        if env is None or not env.by_column or dataset is None or not hasattr(dataset, "unique"):
+        if env is None or not env.by_column:
             return
         if "environment" not in dataset.column_names:
             raise ValueError(

@@ -273,6 +273,11 @@ def test_trl_tools_quickstart_runs_after_changing_the_import(tiny_model_dir, tmp
     assert trainer.tool_setup.format.name == "chatml"  # the tiny ChatML template has no tools
 
 
+def test_plain_text_prompts_are_refused_with_the_fix(tiny_tokenizer, tmp_path):
+    with pytest.raises(ValueError, match="tools need chat prompts"):
+        tool_trainer(tiny_tokenizer, tmp_path, data=[{"prompt": "Multiply 2 and 3"}] * 2)
+
+
 def test_a_template_we_cannot_parse_fails_before_training(tiny_tokenizer, tmp_path):
     import copy
 
