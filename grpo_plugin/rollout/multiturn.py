@@ -50,6 +50,7 @@ class ToolSetup:
     max_iterations: int | None = None  # rounds of tool calls per rollout (None: no limit)
     timeout: float = 10.0  # seconds for one round of calls
     max_result_chars: int = 1000  # a tool result longer than this is cut
+    template_kwargs: dict[str, Any] | None = None  # chat_template_kwargs, for the tool messages
 
     def start(self, rows: list[dict[str, Any]]) -> tuple[list[Any], list[dict], list[Any] | None]:
         """`(prompts, tool boxes, environments)` of N rollouts: each gets its own environment
@@ -139,7 +140,9 @@ class _Loop:
             t.tool_calls += len(calls)
             t.tool_failures += sum(res.failed for res in done)
             messages = [res.message() for res in done]
-            suffix = self.setup.format.suffix_ids(self.tokenizer, messages)
+            suffix = self.setup.format.suffix_ids(
+                self.tokenizer, messages, self.setup.template_kwargs
+            )
             if len(t.ids) + len(suffix) >= self.max_len:  # no room left to answer: stop here
                 t.truncated = True
                 continue

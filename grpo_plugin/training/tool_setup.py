@@ -119,4 +119,5 @@ class ToolInputs:
             max_iterations=args.max_tool_calling_iterations,
             timeout=args.tool_timeout,
             max_result_chars=args.max_tool_result_length,
+            template_kwargs=getattr(args, "chat_template_kwargs", None),
         )
