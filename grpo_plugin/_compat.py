@@ -13,6 +13,15 @@ library internals: it calls these helpers.
 | `unwrap_peft`                       | peft 0.21 `PeftModel` wraps the transformers model | -- (peft API, kept as one call site) |
 | `generation_default`                | transformers 5.x leaves GenerationConfig fields None and keeps the effective defaults in a private table | transformers exposes its generation defaults publicly |
 | `moe_router_config`, `moe_load_balancing_loss` | transformers 5.x MoE models keep the load-balancing loss in each modeling module and the expert counts on the `ForCausalLM` | transformers exposes one public aux-loss API |
+
+Private `transformers.Trainer` methods the trainer overrides (in `training/trainer.py`, the logic in
+`training/lifecycle.py`), checked against transformers 5.24:
+
+| override                             | why                                   | remove when                    |
+|--------------------------------------|---------------------------------------|--------------------------------|
+| `_save_checkpoint`, `_get_output_dir` | the Trainer writes `checkpoint-N/` in place; redirected to a staging folder, then renamed (atomic) | the Trainer saves atomically |
+| `_load_optimizer_and_scheduler`      | the one hook every process runs when resuming; also restores the trainer's own state | the Trainer has a resume-state hook |
+| `_get_grad_norm`                     | the last call before `optimizer.step()`; a non-finite norm stops the run | a public pre-step hook that sees the norm |
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 import sys
 import warnings
 from collections.abc import Sequence
@@ -57,6 +58,23 @@ def fail(message: str, code: int = EXIT_BAD_RECIPE) -> int:
 # ----------------------------------------------------------------------------- train
 
 
+def resume_command(argv: Sequence[str]) -> str:
+    """The `train` command line that resumes the run `argv` started."""
+    kept, skip = [], 0
+    for i, arg in enumerate(argv):
+        if skip:
+            skip -= 1
+            continue
+        name = arg.split("=", 1)[0]
+        if name == "--overwrite_output_dir":
+            continue
+        if name == "--resume_from_checkpoint":
+            skip = 0 if "=" in arg or i + 1 == len(argv) else 1
+            continue
+        kept.append(shlex.quote(arg))
+    return " ".join(["grpo-plugin", "train", *kept, "--resume_from_checkpoint", "true"])
+
+
 def cmd_train(argv: Sequence[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         recipe_parser().print_help()
@@ -67,21 +85,29 @@ def cmd_train(argv: Sequence[str]) -> int:
     if "-h" in flags or "--help" in flags:
         recipe_parser().print_help()
         return 0
+    from .app.preflight import prepare_run
+    from .training.preemption import TrainingInterrupted
+
     try:
         recipe = load_recipe(path, flags)
         rewards = check_recipe(recipe)
+        data = prepare_run(recipe, rewards)  # data, prompts, output dir, resume: no model yet
         if dry_run:
             c = recipe.config
+            resume = f", resumes from {data.checkpoint}" if data.checkpoint else ""
             print(
                 f"{path}: OK ({recipe.args.model}, rewards: {len(rewards)}, "
-                f"G={c.num_generations}, max_steps={c.max_steps})"
+                f"G={c.num_generations}, max_steps={c.max_steps}{resume})"
             )
             return 0
         from .app.pipeline import summary_lines, train_recipe
 
-        evaluation = train_recipe(recipe, rewards)
+        evaluation = train_recipe(recipe, rewards, data)
     except RecipeError as err:
         return fail(str(err))
+    except TrainingInterrupted as stop:
+        print(f"{stop}\nTo resume: {resume_command(argv)}", file=sys.stderr)
+        return stop.exit_code
     from .training.distributed import is_main_process
 
     if is_main_process():  # under `accelerate launch`, one summary, not one per process

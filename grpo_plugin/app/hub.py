@@ -29,7 +29,7 @@ from pathlib import Path
 from huggingface_hub import CommitOperationAdd, HfApi, constants, get_token
 from huggingface_hub.errors import HfHubHTTPError
 
-from ..training.rundir import CARD_FILE, CURVE_FILE, EVAL_FILE, load_run_info
+from ..training.rundir import CARD_FILE, CURVE_FILE, EVAL_FILE, METRICS_FILE, load_run_info
 from .card import build_model_card
 
 logger = logging.getLogger(__name__)
@@ -290,6 +290,21 @@ def publish(
 
 
 # ----------------------------------------------------------------------------- CLI
+
+
+def publish_trainer(trainer, repo_id: str | None, token: str | None, **kwargs) -> str:
+    """`GRPOTrainer.push_to_hub`: save, plot, write the card, publish as one commit."""
+    from .card import write_model_card
+    from .plot import plot_reward_curve
+
+    if not repo_id:
+        raise ValueError("push_to_hub needs repo_id='user/name' (or GRPOConfig.hub_model_id).")
+    out = Path(trainer.args.output_dir)
+    trainer.save_model(str(out))
+    if (out / METRICS_FILE).exists():
+        plot_reward_curve(out)
+    write_model_card(out)
+    return publish(out, repo_id, token=token, **kwargs)
 
 
 def add_publish_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -1,8 +1,10 @@
 """A recipe, run end to end: the one orchestrator behind `grpo-plugin train` and `run_recipe`.
 
-    load data -> build the trainer -> evaluate (before) -> train (evaluating on its schedule)
-    -> save -> evaluate (after) -> eval.json (before, after, the curve of every evaluation, the
-    best step, reward-hacking alarms), recipe.yaml, reward_curve.png, README.md (the model card)
+    check (preflight.py: output dir, resume, data, prompt lengths) -> claim the output dir
+    -> build the trainer -> evaluate (before; written to eval.json at once, so a resumed run
+    reuses it) -> train (evaluating on its schedule; resumable) -> save -> evaluate (after)
+    -> eval.json (before, after, the curve of every evaluation, the best step, reward-hacking
+    alarms), recipe.yaml, reward_curve.png, README.md (the model card)
 
 Python users call `run_recipe("arithmetic", ["--max_steps", "8"])` (a built-in recipe name or a
 YAML path, plus the same flags as the CLI); the CLI only parses arguments and prints.
@@ -20,13 +22,13 @@ import yaml
 
 import reward_fns
 
-from ..training import rundir
-from .data import dataset_hub_ids, dataset_label, load_prompt_datasets
+from ..training import distributed, run_lock, rundir
+from .data import dataset_hub_ids, dataset_label
+from .preflight import RecipeData, prepare_run
 from .recipe import (
     Recipe,
     RecipeError,
     check_recipe,
-    check_reward_columns,
     eval_metrics_fn,
     load_recipe,
     one_line,
@@ -46,18 +48,7 @@ def run_recipe(recipe: Recipe | str | Path, overrides: Sequence[str] = ()) -> di
     if not isinstance(recipe, Recipe):
         recipe = load_recipe(recipe, overrides)
     rewards = check_recipe(recipe)
-    return train_recipe(recipe, rewards)
-
-
-def _load_data(recipe: Recipe, rewards: list[Callable]) -> tuple[Any, Any]:
-    try:
-        train, held_out = load_prompt_datasets(recipe.args.dataset)
-    except (ValueError, FileNotFoundError) as err:
-        raise RecipeError(one_line(err)) from err
-    check_reward_columns(rewards, train.column_names, "the training data")
-    if held_out is not None:
-        check_reward_columns(rewards[:1], held_out.column_names, "the held-out data")
-    return train, held_out
+    return train_recipe(recipe, rewards, prepare_run(recipe, rewards))
 
 
 def _eval_reward(recipe: Recipe, rewards: list[Callable]) -> Callable:
@@ -162,15 +153,47 @@ def summary_lines(evaluation: dict[str, Any], out: Path) -> list[str]:
     return lines
 
 
-def train_recipe(recipe: Recipe, rewards: list[Callable]) -> dict[str, Any]:
-    """Evaluate, train, save, evaluate; write eval.json, recipe.yaml, the curve and the card."""
+def train_recipe(
+    recipe: Recipe, rewards: list[Callable], data: RecipeData | None = None
+) -> dict[str, Any]:
+    """Evaluate, train, save, evaluate; write eval.json, recipe.yaml, the curve and the card.
+
+    `data` is what `preflight.prepare_run` returned (run here when None). The output dir is
+    claimed (locked, and cleared with `overwrite_output_dir`) before the model loads. A signal
+    during training raises `TrainingInterrupted` once the checkpoint is saved.
+    """
+    data = data or prepare_run(recipe, rewards)
+    out, main = Path(recipe.config.output_dir), distributed.is_main_process()
+    if main:
+        overwrite = recipe.config.overwrite_output_dir
+        run_lock.claim(out, resume=data.checkpoint is not None, overwrite=overwrite)
+    try:
+        return _run(recipe, rewards, data, out)
+    finally:
+        if main:
+            run_lock.release(out)
+
+
+def _before(trainer, recipe: Recipe, data: RecipeData, eval_fn: Callable, out: Path):
+    """The held-out evaluation before training: read back when resuming, else run and saved."""
+    if data.checkpoint is not None:
+        previous = (rundir.read_json(out / rundir.EVAL_FILE) or {}).get("before")
+        if previous is not None:
+            return previous
+    before = _evaluate(trainer, data.held_out, eval_fn, recipe)
+    logger.info("Before training: held-out greedy accuracy %s", _pct(before["accuracy"]))
+    if trainer.is_world_process_zero():
+        rundir.write_json(out / rundir.EVAL_FILE, {"before": before})
+    return before
+
+
+def _run(recipe: Recipe, rewards: list[Callable], data: RecipeData, out: Path) -> dict[str, Any]:
     from .card import write_model_card
     from .plot import plot_reward_curve
 
     start = time.perf_counter()
-    train, held_out = _load_data(recipe, rewards)
-    trainer = _build_trainer(recipe, rewards, train, held_out)
-    out = Path(recipe.config.output_dir)
+    held_out = data.held_out
+    trainer = _build_trainer(recipe, rewards, data.train, held_out)
     out.mkdir(parents=True, exist_ok=True)
     eval_fn = _eval_reward(recipe, rewards)
     evaluation: dict[str, Any] = {
@@ -178,12 +201,9 @@ def train_recipe(recipe: Recipe, rewards: list[Callable]) -> dict[str, Any]:
         "reward": reward_fns.reward_name(eval_fn),
     }
     if held_out is not None and (recipe.args.eval or {}).get("before", True):
-        evaluation["before"] = _evaluate(trainer, held_out, eval_fn, recipe)
-        logger.info(
-            "Before training: held-out greedy accuracy %s", _pct(evaluation["before"]["accuracy"])
-        )
+        evaluation["before"] = _before(trainer, recipe, data, eval_fn, out)
     t0 = time.perf_counter()
-    trainer.train()
+    trainer.train(resume_from_checkpoint=data.checkpoint)
     evaluation["train_seconds"] = round(time.perf_counter() - t0, 1)
     trainer.save_model(str(out))
     if held_out is not None:

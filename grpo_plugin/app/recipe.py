@@ -31,11 +31,13 @@ import reward_fns
 
 from ..training.config import GRPOConfig
 from ..training.eval_setup import check_eval_setup, resolve_eval_metrics
+from ..training.reward_context import TRAINER_KWARGS
 from .data import has_held_out, known_columns, validate_dataset_spec
 from .recipe_library import find_recipe
 
-# Arguments of a reward function that never name a dataset column (TRL's contract).
-_REWARD_CALL_ARGS = {"prompts", "completions", "completion_ids"}
+# Arguments of a reward function that never name a dataset column (TRL's contract, with the
+# trainer's own keyword arguments: trainer_state, log_extra, log_metric).
+_REWARD_CALL_ARGS = {"prompts", "completions", "completion_ids", *TRAINER_KWARGS}
 # Reward parameters whose *value* names a column (`column_name="answer"` in the verifiers).
 _COLUMN_PARAMS = ("column_name",)
 EVAL_KEYS = (

@@ -203,6 +203,26 @@ class GRPOConfig(TRLArguments):
         },
     )
 
+    # --- run safety (training/run_lock.py, scoring.py) ------------------------------------------
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Start a new run in an output_dir that holds an earlier one, deleting that "
+            "run's files first. Without it such a run is refused (resume it instead)."
+        },
+    )
+    reward_timeout: float | None = field(
+        default=600.0,
+        metadata={"help": "Seconds one reward call may take before the run stops. None: no limit."},
+    )
+    nan_rewards_as_unscored: bool = field(
+        default=False,
+        metadata={
+            "help": "Read a NaN reward as 'not scored' (like None). Off: NaN is an error naming the "
+            "reward function and the sample."
+        },
+    )
+
     # --- evaluation (training/eval_loop.py) ---------------------------------------------------------
     num_generations_eval: int | None = field(
         default=None,
@@ -260,6 +280,15 @@ class GRPOConfig(TRLArguments):
             _choice("advantage_estimator", self.advantage_estimator, ESTIMATORS)
 
     def _check_numbers(self) -> None:
+        if not self.learning_rate > 0 or self.learning_rate == float("inf"):
+            raise ValueError(
+                f"learning_rate={self.learning_rate} must be a positive finite number (1e-5 for "
+                "LoRA on 0.5-8B models, 1e-4 to 5e-4 for tiny ones)."
+            )
+        if self.reward_timeout is not None and not self.reward_timeout > 0:
+            raise ValueError(
+                f"reward_timeout={self.reward_timeout} must be > 0 seconds, or None for no limit."
+            )
         if self.num_generations < 2:
             raise ValueError(
                 f"num_generations={self.num_generations}: GRPO compares completions within a group, "

@@ -108,6 +108,11 @@ def mean_over_processes(accelerator, value: float) -> float:
     return float(total.item()) / world
 
 
+def any_process(accelerator, flag: bool) -> bool:
+    """True when `flag` is True on at least one process. A collective (when several)."""
+    return mean_over_processes(accelerator, float(flag)) > 0
+
+
 # --- errors --------------------------------------------------------------------------------------
 def _portable(error: BaseException) -> BaseException:
     """`error` if it survives pickling (to travel to the other processes), else a RuntimeError."""

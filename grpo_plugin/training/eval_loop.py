@@ -249,12 +249,14 @@ class SetEvaluator:
             for rows in _chunks(dataset, max(1, a.per_device_eval_batch_size // self.k)):
                 greedy = self._sample(rows, greedy_params, 1)
                 if self.k == 1:
-                    scored = score_rollout(greedy, t.reward_funcs, t.reward_weights)
+                    scored = score_rollout(
+                        greedy, t.reward_funcs, t.reward_weights, t.rewards.checks
+                    )
                 else:
-                    score_rollout(greedy, t.reward_funcs[:1], torch.ones(1))
+                    score_rollout(greedy, t.reward_funcs[:1], torch.ones(1), t.rewards.checks)
                     first = offset + totals.rows_seen
                     scored = self._sample(rows, a.sampling_params(), self.k, first)
-                    score_rollout(scored, t.reward_funcs, t.reward_weights)
+                    score_rollout(scored, t.reward_funcs, t.reward_weights, t.rewards.checks)
                 totals.add_greedy(greedy)
                 totals.add_scored(scored, self.k)
                 totals.count_tokens(greedy)
