@@ -27,7 +27,8 @@ from pathlib import Path
 # Before anything imports bitsandbytes: its CPU backend logs a "kernels" warning on import.
 logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
-from .app.recipe import RecipeError, check_recipe, load_recipe, one_line, recipe_parser  # noqa: E402
+from .app.recipe import RecipeError, load_recipe, one_line, recipe_parser  # noqa: E402
+from .app.recipe_checks import check_recipe  # noqa: E402
 
 EXIT_BAD_RECIPE = 2
 
@@ -118,61 +119,23 @@ def cmd_train(argv: Sequence[str]) -> int:
 # ----------------------------------------------------------------------------- eval
 
 
-def _base_of_adapter(adapter: str) -> str:
-    from .training.rundir import RUN_INFO_FILE
-
-    run = Path(adapter) / RUN_INFO_FILE
-    if run.is_file():
-        return json.loads(run.read_text())["base_model_path"]
-    cfg = Path(adapter) / "adapter_config.json"
-    if cfg.is_file():
-        return json.loads(cfg.read_text())["base_model_name_or_path"]
-    raise RecipeError(f"{adapter} has no {RUN_INFO_FILE} or adapter_config.json; pass --model")
-
-
 def cmd_eval(args: argparse.Namespace) -> int:
-    import reward_fns
-
-    from .app.data import (
-        dataset_label,
-        load_prompt_datasets,
-        parse_dataset_arg,
-        validate_dataset_spec,
-    )
-    from .training.evaluation import evaluate
-    from .training.policy import load_policy
+    from .app.pipeline import evaluate_model
 
     try:
-        spec = parse_dataset_arg(args.dataset)
-        if args.eval_size is not None:
-            spec["eval_size"] = args.eval_size
-        validate_dataset_spec(spec)
-        reward_fn = reward_fns.resolve(args.reward)
-        train, held_out = load_prompt_datasets(spec)
-        dataset = held_out if held_out is not None else train
-        if args.eval_size is not None:
-            dataset = dataset.select(range(min(args.eval_size, len(dataset))))
-        model_name = args.model or (args.adapter and _base_of_adapter(args.adapter))
-        if not model_name:
-            raise RecipeError("pass --model (or --adapter DIR of a grpo-plugin run)")
-    except (RecipeError, ValueError, TypeError, KeyError) as err:
+        result = evaluate_model(
+            model=args.model,
+            adapter=args.adapter,
+            dataset=args.dataset,
+            reward=args.reward,
+            k=args.k,
+            eval_size=args.eval_size,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+            load_in_4bit=args.load_in_4bit,
+        )
+    except RecipeError as err:
         return fail(str(err))
-    model, tokenizer = load_policy(model_name, load_in_4bit=args.load_in_4bit)
-    if args.adapter:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, args.adapter)
-    scores = evaluate(
-        model,
-        tokenizer,
-        dataset,
-        reward_fn,
-        k=args.k,
-        max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size,
-    )
-    run = {"model": model_name, "adapter": args.adapter, "dataset": dataset_label(spec)}
-    result = {**run, "reward": args.reward, **scores}
     print(json.dumps(result, indent=2))
     if args.output:
         Path(args.output).write_text(json.dumps(result, indent=2))

@@ -25,16 +25,8 @@ import reward_fns
 from ..training import distributed, run_lock, rundir
 from .data import dataset_hub_ids, dataset_label
 from .preflight import RecipeData, prepare_run
-from .recipe import (
-    Recipe,
-    RecipeError,
-    check_recipe,
-    eval_metrics_fn,
-    load_recipe,
-    one_line,
-    resolve_rewards,
-    reward_specs,
-)
+from .recipe import Recipe, RecipeError, load_recipe, one_line
+from .recipe_checks import check_recipe, eval_metrics_fn, resolve_rewards, reward_specs
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +58,8 @@ def _evaluate(trainer, dataset, reward_fn: Callable, recipe: Recipe) -> dict[str
     spec.setdefault("max_new_tokens", recipe.config.max_completion_length)
     spec.setdefault("temperature", recipe.config.temperature)
     spec.setdefault("seed", recipe.config.seed)
+    spec["max_prompt_length"] = recipe.config.max_prompt_length  # prompts encoded as in training
+    spec["chat_template_kwargs"] = recipe.config.chat_template_kwargs
     model = trainer.accelerator.unwrap_model(trainer.model)
     spec["accelerator"] = trainer.accelerator  # sharded over the processes, then gathered
     result = evaluate(model, trainer.processing_class, dataset, reward_fn, **spec)
@@ -146,8 +140,10 @@ def summary_lines(evaluation: dict[str, Any], out: Path) -> list[str]:
             lines.append(f"{key}: {_pct(before.get(key))} -> {_pct(after.get(key))}")
     best = evaluation.get("best_metric")
     if best and "best_step" in evaluation:
-        lines.append(f"Best {best['name']} during training: {best['value']:.4g} at step "
-                     f"{evaluation['best_step']}")  # fmt: skip
+        lines.append(
+            f"Best {best['name']} during training: {best['value']:.4g} at step "
+            f"{evaluation['best_step']}"
+        )
     lines += [f"Warning: {alarm['message']}" for alarm in evaluation.get("alarms", [])[:1]]
     lines.append(f"Training {train_min:.1f} min; total {total_min:.1f} min. Outputs: {out}")
     return lines
@@ -181,8 +177,8 @@ def _before(trainer, recipe: Recipe, data: RecipeData, eval_fn: Callable, out: P
         if previous is not None:
             return previous
     before = _evaluate(trainer, data.held_out, eval_fn, recipe)
-    logger.info("Before training: held-out greedy accuracy %s", _pct(before["accuracy"]))
     if trainer.is_world_process_zero():
+        logger.info("Before training: held-out greedy accuracy %s", _pct(before["accuracy"]))
         rundir.write_json(out / rundir.EVAL_FILE, {"before": before})
     return before
 
@@ -216,3 +212,60 @@ def _run(recipe: Recipe, rewards: list[Callable], data: RecipeData, out: Path) -
         write_model_card(out)
     evaluation["total_seconds"] = round(time.perf_counter() - start, 1)
     return evaluation
+
+
+# ----------------------------------------------------------------------------- grpo-plugin eval
+
+
+def _base_of_adapter(adapter: str) -> str:
+    run = rundir.read_json(Path(adapter) / rundir.RUN_INFO_FILE)
+    if run is not None:
+        return run["base_model_path"]
+    config = rundir.read_json(Path(adapter) / "adapter_config.json")
+    if config is not None:
+        return config["base_model_name_or_path"]
+    raise RecipeError(
+        f"{adapter} has no {rundir.RUN_INFO_FILE} or adapter_config.json; pass --model"
+    )
+
+
+def evaluate_model(
+    *,
+    model: str | None,
+    adapter: str | None,
+    dataset: str,
+    reward: str,
+    k: int = 8,
+    eval_size: int | None = None,
+    max_new_tokens: int = 64,
+    batch_size: int = 32,
+    load_in_4bit: bool = False,
+) -> dict[str, Any]:
+    """`grpo-plugin eval`: greedy accuracy and pass@k of a model (and adapter) on a dataset spec;
+    bad arguments raise `RecipeError` before the model loads."""
+    from ..training.evaluation import evaluate
+    from ..training.policy import load_adapter, load_policy
+    from .data import load_prompt_datasets, parse_dataset_arg, validate_dataset_spec
+
+    try:
+        spec = parse_dataset_arg(dataset)
+        if eval_size is not None:
+            spec["eval_size"] = eval_size
+        validate_dataset_spec(spec)
+        reward_fn = reward_fns.resolve(reward)
+        train, held_out = load_prompt_datasets(spec)
+        data = held_out if held_out is not None else train
+        if eval_size is not None:
+            data = data.select(range(min(eval_size, len(data))))
+        model_name = model or (adapter and _base_of_adapter(adapter))
+        if not model_name:
+            raise RecipeError("pass --model (or --adapter DIR of a grpo-plugin run)")
+    except (ValueError, TypeError, KeyError) as err:
+        raise RecipeError(one_line(err)) from err
+    policy, tokenizer = load_policy(model_name, load_in_4bit=load_in_4bit)
+    if adapter:
+        policy = load_adapter(policy, adapter)
+    options = {"k": k, "max_new_tokens": max_new_tokens, "batch_size": batch_size}
+    scores = evaluate(policy, tokenizer, data, reward_fn, **options)
+    run = {"model": model_name, "adapter": adapter, "dataset": dataset_label(spec)}
+    return {**run, "reward": reward, **scores}

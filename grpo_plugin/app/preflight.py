@@ -1,5 +1,5 @@
 """A recipe's checks that read the disk, the data or the tokenizer: run before any model loads,
-by `grpo-plugin train` and by `--dry-run` alike (`check_recipe` in recipe.py does the rest).
+by `grpo-plugin train` and by `--dry-run` alike (`recipe_checks.check_recipe` does the rest).
 
     check_run_dir      output_dir usable; a rerun resumes or overwrites; the checkpoint to resume
     load_checked_data  the datasets loaded (a malformed line named by file and line), every
@@ -17,7 +17,8 @@ from typing import Any
 
 from ..training import checkpoints, preflight, run_lock
 from .data import load_prompt_datasets
-from .recipe import Recipe, RecipeError, check_reward_columns, one_line
+from .recipe import Recipe, RecipeError, one_line
+from .recipe_checks import check_reward_columns
 
 
 @dataclass

@@ -23,11 +23,10 @@ from typing import Any
 
 import torch
 
-from ..core.objectives import ESTIMATORS, LOSS_TYPES, LossParams, check_loss_hyperparameters
-from ..core.objectives import IMPORTANCE_SAMPLING_LEVELS as IMPORTANCE_LEVELS
+from .._compat import launched_without_accelerators
+from ..core.objectives import ESTIMATORS, LossParams
 from ..rollout.types import SamplingParams
 from .config_trl import TRLArguments
-from .distributed import launched_without_accelerators
 
 logger = logging.getLogger(__name__)
 SCALE_REWARDS = ("group", "batch", "none")
@@ -95,8 +94,9 @@ class GRPOConfig(TRLArguments):
     generation_batch_size: int | None = field(
         default=None,
         metadata={
-            "help": "Completions generated per rollout (per device). None: "
-            "per_device_train_batch_size * steps_per_generation. Must be divisible by G."
+            "help": "Completions generated per rollout over all processes (TRL's meaning). None: "
+            "per_device_train_batch_size * num_processes * steps_per_generation. Each process's "
+            "share must be divisible by G (groups never span processes)."
         },
     )
     steps_per_generation: int | None = field(
@@ -273,8 +273,6 @@ class GRPOConfig(TRLArguments):
 
     # --- validation ---------------------------------------------------------------------------
     def _check_choices(self) -> None:
-        _choice("loss_type", self.loss_type, LOSS_TYPES)
-        _choice("importance_sampling_level", self.importance_sampling_level, IMPORTANCE_LEVELS)
         _choice("scale_rewards", self.scale_rewards, SCALE_REWARDS)
         if self.advantage_estimator is not None:
             _choice("advantage_estimator", self.advantage_estimator, ESTIMATORS)
@@ -294,20 +292,12 @@ class GRPOConfig(TRLArguments):
                 f"num_generations={self.num_generations}: GRPO compares completions within a group, "
                 "so it needs at least 2 (RLOO too). Use num_generations=8 as a start."
             )
-        check_loss_hyperparameters(
-            self.epsilon,
-            self.epsilon_high,
-            self.beta,
-            self.max_completion_length,
-            self.delta,
-            self.off_policy_mask_threshold,
-        )
         if self.temperature <= 0:
             raise ValueError(
                 f"temperature={self.temperature} must be > 0 for training (log-probs divide by it)."
             )
         self.sampling_params()  # validates top_p, top_k, min_p and repetition_penalty
-        self.loss_params()  # validates the loss type's own hyperparameters
+        self.loss_params()  # validates every loss hyperparameter (core/losses.py, the one home)
         if self.logprob_chunk_size < 1:
             raise ValueError(f"logprob_chunk_size={self.logprob_chunk_size} must be >= 1.")
         if self.num_iterations < 1:
@@ -333,22 +323,25 @@ class GRPOConfig(TRLArguments):
             )
 
     def _resolve_batches(self) -> None:
-        per_step = self.per_device_train_batch_size
+        """TRL's semantics: `generation_batch_size` counts the completions of one rollout over
+        every process; ours adds that each process's share holds whole groups."""
+        per_step, world = self.per_device_train_batch_size, self.world_size
         if self.generation_batch_size is not None and self.steps_per_generation is not None:
             raise ValueError("Set generation_batch_size or steps_per_generation, not both.")
         if self.generation_batch_size is not None:
-            if self.generation_batch_size % per_step:
+            if self.generation_batch_size % (per_step * world):
                 raise ValueError(
-                    f"generation_batch_size={self.generation_batch_size} must be a multiple of "
-                    f"per_device_train_batch_size={per_step}."
+                    f"generation_batch_size={self.generation_batch_size} must be a multiple of the "
+                    f"global batch size {per_step * world} (per_device_train_batch_size {per_step} "
+                    f"x {world} processes)."
                 )
-            self.steps_per_generation = self.generation_batch_size // per_step
+            self.steps_per_generation = self.generation_batch_size // (per_step * world)
         if self.steps_per_generation is None:
             self.steps_per_generation = self.gradient_accumulation_steps
-        self.generation_batch_size = per_step * self.steps_per_generation
-        if self.generation_batch_size % self.num_generations:
+        self.generation_batch_size = per_step * world * self.steps_per_generation
+        if self.generation_batch_per_device % self.num_generations:
             raise ValueError(
-                f"The generation batch ({self.generation_batch_size} completions = "
+                f"The generation batch ({self.generation_batch_per_device} completions per process = "
                 f"per_device_train_batch_size {per_step} x steps_per_generation "
                 f"{self.steps_per_generation}) is not divisible by num_generations="
                 f"{self.num_generations}: each prompt needs all its G completions in one rollout. "
@@ -394,9 +387,14 @@ class GRPOConfig(TRLArguments):
         )
 
     @property
+    def generation_batch_per_device(self) -> int:
+        """Completions in one rollout on this process (`generation_batch_size` is over all)."""
+        return self.per_device_train_batch_size * self.steps_per_generation
+
+    @property
     def prompts_per_generation(self) -> int:
-        """Distinct prompts in one rollout on this device."""
-        return self.generation_batch_size // self.num_generations
+        """Distinct prompts in one rollout on this process."""
+        return self.generation_batch_per_device // self.num_generations
 
     @property
     def needs_old_logps(self) -> bool:

@@ -42,7 +42,7 @@ from ..rollout.dynamic_sampling import informative_groups
 from ..rollout.noise import KeyedNoise
 from ..rollout.prompts import sample_groups
 from ..rollout.types import Rollout, SamplingParams
-from .distributed import contiguous_share, full_parameters, gather_objects
+from .distributed import contiguous_share, failures_shared, full_parameters, gather_objects
 from .eval_setup import best_metric_key, check_eval_datasets, check_metrics_result, prefixed
 from .evaluation import pass_at_k
 from .metrics import nanstd
@@ -222,8 +222,8 @@ class SetEvaluator:
             world, rank = accelerator.num_processes, accelerator.process_index
             offset, stop = contiguous_share(len(dataset), world, rank)
             dataset = dataset.select(range(offset, stop))
-        with full_parameters(accelerator, self.model):
-            totals = self._run_chunks(dataset, offset)
+        with full_parameters(accelerator, self.model), failures_shared(accelerator):
+            totals = self._run_chunks(dataset, offset)  # a reward raising stops every process
         if sharded:
             parts = gather_objects(accelerator, totals)
             totals = _Totals()

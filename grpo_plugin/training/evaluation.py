@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from datasets import Dataset
@@ -45,61 +47,57 @@ def _is_correct(reward: float, threshold: float) -> bool:
     return not math.isnan(reward) and reward >= threshold
 
 
-def _score_batches(
-    model,
-    tokenizer,
-    dataset: Dataset,
-    reward_fn: RewardFn,
-    sampling: SamplingParams,
-    *,
-    num_return: int,
-    batch_size: int,
-    seed: int = 0,
-    offset: int = 0,
-) -> list[list[float]]:
-    """Per prompt, the rewards (NaN = not scored) of its `num_return` completions. Samples are
-    keyed on (seed, the prompt's index in the whole set = `offset` + its index here)."""
-    prompts_per_batch = max(1, batch_size // num_return)
-    per_prompt: list[list[float]] = []
-    for start in range(0, len(dataset), prompts_per_batch):
-        stop = min(start + prompts_per_batch, len(dataset))
-        rows = [dataset[i] for i in range(start, stop)]
-        noise = None
-        if not sampling.greedy:
-            indices = range(offset + start, offset + stop)
-            noise = KeyedNoise.for_evaluation(seed, indices, num_return, sampling.max_new_tokens)
-        rollout = sample_groups(
-            model, tokenizer, rows, sampling, num_generations=num_return, noise=noise
-        )
-        rewards = score_rollout(rollout, [reward_fn], torch.ones(1)).rewards
-        per_prompt += rewards.view(len(rows), num_return).tolist()
-    return per_prompt
+@dataclass(frozen=True)
+class _Scorer:
+    """What scoring a held-out set needs, fixed for one `evaluate` call."""
 
+    model: Any
+    tokenizer: Any
+    reward_fn: RewardFn
+    max_new_tokens: int
+    temperature: float
+    num_samples: int | None  # completions sampled per prompt for pass@k; None: greedy only
+    batch_size: int  # sequences generated at once
+    seed: int = 0
+    max_prompt_length: int | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
-def _score_prompts(
-    model, tokenizer, dataset, reward_fn, *, k, num_samples, max_new_tokens, batch_size,
-    temperature, seed, offset=0,
-) -> tuple[list[float], list[list[float]] | None]:  # fmt: skip
-    """Per prompt: the greedy reward, and the rewards of `num_samples` samples (None when k=0)."""
-    greedy_params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
-    greedy = _score_batches(
-        model, tokenizer, dataset, reward_fn, greedy_params, num_return=1, batch_size=batch_size
-    )
-    if not k:
-        return [r[0] for r in greedy], None
-    sampled_params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
-    sampled = _score_batches(
-        model,
-        tokenizer,
-        dataset,
-        reward_fn,
-        sampled_params,
-        num_return=num_samples,
-        batch_size=batch_size,
-        seed=seed,
-        offset=offset,
-    )
-    return [r[0] for r in greedy], sampled
+    def batches(self, dataset: Dataset, sampling: SamplingParams, num_return: int, offset: int):
+        """Per prompt, the rewards (NaN = not scored) of its `num_return` completions. Samples are
+        keyed on (seed, the prompt's index in the whole set = `offset` + its index here)."""
+        prompts_per_batch = max(1, self.batch_size // num_return)
+        per_prompt: list[list[float]] = []
+        for start in range(0, len(dataset), prompts_per_batch):
+            stop = min(start + prompts_per_batch, len(dataset))
+            rows = [dataset[i] for i in range(start, stop)]
+            noise = None
+            if not sampling.greedy:
+                indices = range(offset + start, offset + stop)
+                noise = KeyedNoise.for_evaluation(
+                    self.seed, indices, num_return, self.max_new_tokens
+                )
+            rollout = sample_groups(
+                self.model,
+                self.tokenizer,
+                rows,
+                sampling,
+                num_generations=num_return,
+                max_prompt_length=self.max_prompt_length,
+                chat_template_kwargs=self.chat_template_kwargs,
+                noise=noise,
+            )
+            rewards = score_rollout(rollout, [self.reward_fn], torch.ones(1)).rewards
+            per_prompt += rewards.view(len(rows), num_return).tolist()
+        return per_prompt
+
+    def score(self, dataset: Dataset, offset: int = 0):
+        """Per prompt: the greedy reward, and the rewards of the samples (None: greedy only)."""
+        greedy_params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0)
+        greedy = [r[0] for r in self.batches(dataset, greedy_params, 1, offset)]
+        if not self.num_samples:
+            return greedy, None
+        sampled = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature)
+        return greedy, self.batches(dataset, sampled, self.num_samples, offset)
 
 
 def _summarize(rewards, sampled, *, k, num_samples, success_threshold) -> dict[str, float | int]:
@@ -115,22 +113,23 @@ def _summarize(rewards, sampled, *, k, num_samples, success_threshold) -> dict[s
     return result
 
 
-def _score_sharded(accelerator, model, tokenizer, dataset, reward_fn, **kwargs):
+def _score_sharded(accelerator, scorer: _Scorer, dataset: Dataset):
     """Each process scores its contiguous shard of the prompts; the per-prompt results of all
-    processes are gathered in dataset order (the same on every process)."""
-    from .distributed import contiguous_share, full_parameters, gather_objects
+    processes are gathered in dataset order (the same on every process). A reward that raises on
+    one process stops every process with its error (no collective inside the local phase)."""
+    from .distributed import contiguous_share, failures_shared, full_parameters, gather_objects
 
     start, stop = contiguous_share(
         len(dataset), accelerator.num_processes, accelerator.process_index
     )
     shard = dataset.select(range(start, stop))
-    with full_parameters(accelerator, model):
-        local = None
+    local = None
+    with full_parameters(accelerator, scorer.model), failures_shared(accelerator):
         if len(shard):
-            local = _score_prompts(model, tokenizer, shard, reward_fn, offset=start, **kwargs)
+            local = scorer.score(shard, offset=start)
     parts = [part for part in gather_objects(accelerator, local) if part is not None]
     rewards = [r for greedy, _ in parts for r in greedy]
-    sampled = None if not kwargs["k"] else [row for _, rows in parts for row in rows]
+    sampled = None if not scorer.num_samples else [row for _, rows in parts for row in rows]
     return rewards, sampled
 
 
@@ -148,6 +147,8 @@ def evaluate(
     success_threshold: float = 1.0,
     seed: int = 0,
     accelerator=None,
+    max_prompt_length: int | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> dict[str, float | int]:
     """Greedy accuracy and pass@k of `model` on `dataset` (needs a `prompt` column).
 
@@ -155,8 +156,9 @@ def evaluate(
     when k is a positive int). pass@k uses `num_samples` (default k, must be >= k) samples per
     prompt at `temperature`, drawn from draws keyed on (`seed`, the prompt's index in `dataset`),
     so they do not depend on `batch_size` or on sharding (the global RNG is not touched);
-    `batch_size` bounds the number of sequences generated at once. The model's train/eval mode is
-    left as it was.
+    `batch_size` bounds the number of sequences generated at once. Prompts are encoded as in
+    training (`max_prompt_length`, `chat_template_kwargs`). The model's train/eval mode is left as
+    it was.
 
     With an `accelerator` of several processes (every process calls this), each process scores
     a contiguous share of the prompts and the results are gathered: every number equals the
@@ -171,17 +173,25 @@ def evaluate(
     num_samples = num_samples or k
     if k and num_samples < k:
         raise ValueError(f"num_samples={num_samples} must be >= k={k} for pass@k")
-    options = dict(k=k, num_samples=num_samples, max_new_tokens=max_new_tokens)
-    options.update(batch_size=batch_size, temperature=temperature, seed=seed)
+    scorer = _Scorer(
+        model,
+        tokenizer,
+        reward_fn,
+        max_new_tokens,
+        temperature,
+        num_samples if k else None,
+        batch_size,
+        seed,
+        max_prompt_length,
+        chat_template_kwargs,
+    )
     was_training = model.training
     model.eval()
     try:
         if accelerator is not None and accelerator.num_processes > 1:
-            rewards, sampled = _score_sharded(
-                accelerator, model, tokenizer, dataset, reward_fn, **options
-            )
+            rewards, sampled = _score_sharded(accelerator, scorer, dataset)
         else:
-            rewards, sampled = _score_prompts(model, tokenizer, dataset, reward_fn, **options)
+            rewards, sampled = scorer.score(dataset)
     finally:
         model.train(was_training)
     return _summarize(

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from . import preflight
+from .distributed import check_launch
 from .eval_setup import check_eval_datasets
 from .streaming import check_streamed_training, is_streamed, stream_columns
 
@@ -43,6 +44,7 @@ def check_inputs(model: Any, args: Any, train_dataset: Any, eval_dataset: Any) -
     eval_dataset = check_eval_datasets(eval_dataset)
     preflight.check_model_source(model)
     preflight.check_output_dir(args.output_dir)
+    check_launch(args)  # ZeRO-3 is refused before the model loads
     return train_dataset, eval_dataset
 
 

@@ -130,3 +130,16 @@ def test_trainer_scores_with_a_reward_model_and_lists_it(tiny_reward_dir, tiny_t
     trainer.save_model()
     text = write_model_card(Path(trainer.args.output_dir)).read_text()
     assert f"`{name}` (reward model `{tiny_reward_dir}`, weight 1)" in text
+
+
+def test_reward_models_go_to_the_policys_device_unless_quantized(tiny_reward_dir, monkeypatch):
+    from grpo_plugin.training.reward_models import place_reward_models
+
+    (rm,) = resolve_reward_funcs([str(tiny_reward_dir)], None, {})
+    moved = []
+    monkeypatch.setattr(rm.model, "to", lambda device: moved.append(device))
+    place_reward_models([rm, len], "cuda:3", {"enable_thinking": False})
+    assert moved == ["cuda:3"] and rm.chat_template_kwargs == {"enable_thinking": False}
+    rm.model.is_loaded_in_4bit = True  # bitsandbytes places 4-bit weights itself
+    place_reward_models([rm], "cuda:3")
+    assert moved == ["cuda:3"]
