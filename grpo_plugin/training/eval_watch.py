@@ -143,7 +143,7 @@ class RewardHackingCallback(TrainerCallback):
         )
         if divergence is not None and divergence.last_step == state.global_step:
             self.warned = True
-            if state.is_world_process_zero:  # one warning, not one per process
+            if getattr(state, "is_world_process_zero", True):  # one warning, not one per process
                 logger.warning(divergence.message())
 
     def on_train_end(self, args, state, control, **kwargs):
