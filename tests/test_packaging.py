@@ -44,5 +44,5 @@ def test_license_file_matches_pyproject():
     import tomllib
 
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
-    assert project["license"] == {"text": "Apache-2.0"}
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
     assert (REPO_ROOT / "LICENSE").read_text().lstrip().startswith("Apache License")
