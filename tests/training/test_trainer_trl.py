@@ -201,9 +201,9 @@ def test_sampling_options_reach_the_sampler(tiny_tokenizer, tmp_path, caplog):
     assert table.count(" | ") >= 2 * 3  # two distinct prompts printed
 
 
-def test_trl_constructor_arguments(tiny_tokenizer, tmp_path):
+def test_trl_constructor_arguments(tiny_tokenizer, tmp_path, tiny_model_dir):
     with pytest.raises(ValueError, match="reward_funcs is missing"):
-        GRPOTrainer("no/such-model", args=tiny_config(tmp_path), train_dataset=SEVEN_DATA)
+        GRPOTrainer(str(tiny_model_dir), args=tiny_config(tmp_path), train_dataset=SEVEN_DATA)
     args = tiny_config(tmp_path, trust_remote_code=True)
     kwargs = trainer_init_kwargs("org/model", args, quantization_config={"load_in_4bit": True})
     assert kwargs["trust_remote_code"] is True and kwargs["quantization_config"].load_in_4bit
