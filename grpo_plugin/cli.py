@@ -47,6 +47,7 @@ def quiet_logs() -> None:
     huggingface_hub.utils.disable_progress_bars()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("grpo_plugin").setLevel(logging.INFO)
+    logging.getLogger("reward_fns").setLevel(logging.INFO)  # e.g. the sandbox's isolation line
     for name in ("bitsandbytes", "bitsandbytes.backends.cpu.ops", "peft", "accelerate"):
         logging.getLogger(name).setLevel(logging.ERROR)
 

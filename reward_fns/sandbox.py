@@ -288,14 +288,15 @@ def prepare(isolation: str, packages: Sequence[str], limits: SandboxLimits) -> s
 
 
 def isolation_level(isolation: str = "auto") -> str:
-    """The level a run with ``isolation`` gets here; raises :class:`IsolationError` if none."""
+    """The level a run with ``isolation`` gets here (logged once per level); raises
+    :class:`IsolationError` if none."""
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
     if isolation in LEVELS:
         why = _why_not(isolation)
         if why:
             raise IsolationError(f"code_tests isolation={isolation!r} does not work here: {why}")
-        return isolation
+        return _announced(isolation)
     level = _best_level()
     if isolation == "strict" and level == "rlimits":
         raise IsolationError(
@@ -303,7 +304,7 @@ def isolation_level(isolation: str = "auto") -> str:
             f"bwrap: {_why_not('bwrap')}; pivot_root: {_why_not('pivot_root')}. "
             "Run as root with bubblewrap (apt-get install bubblewrap) or util-linux unshare."
         )
-    return level
+    return _announced(level)
 
 
 @lru_cache(maxsize=1)
@@ -312,6 +313,12 @@ def _best_level() -> str:
     if level is None:
         reasons = "; ".join(f"{lvl}: {_why_not(lvl)}" for lvl in LEVELS)
         raise IsolationError(f"code_tests cannot run generated code here ({reasons})")
+    return level
+
+
+@cache
+def _announced(level: str) -> str:
+    """Log, once per level and process, which isolation and which limits a run gets."""
     cgroup = sandbox_cgroup.hierarchy()
     limits = cgroup.describe() if cgroup else "per-process rlimits only (no usable cgroup)"
     with _LOG_LOCK:
