@@ -283,3 +283,13 @@ def test_cgroup_hierarchy_is_found_from_proc_files():
         1, ("/sys/fs/cgroup/memory/jobs/a", "/sys/fs/cgroup/pids")
     )
     assert sandbox_cgroup.find_hierarchy("0::/\n", "1 0 0:1 / / rw - ext4 /dev/x rw\n") is None
+
+
+def test_without_throwaway_uids_the_process_cap_adds_the_uids_own_tasks():
+    """Not root: the program shares the trainer's uid, whose threads RLIMIT_NPROC counts too."""
+    import threading
+
+    limits = sandbox.SandboxLimits(max_processes=32)
+    assert sandbox._rlimits(limits)["RLIMIT_NPROC"] == [32, 32]
+    shared = sandbox._rlimits(limits, shared_uid=True)["RLIMIT_NPROC"][0]
+    assert shared >= 32 + threading.active_count()  # at least this process's own threads
