@@ -28,7 +28,9 @@ def prompt_problem(prompt: Any) -> str | None:
             if not isinstance(message, dict) or "role" not in message or "content" not in message:
                 return f"has a message that is not {{'role': ..., 'content': ...}}: {message!r:.60}"
         return None
-    return f"is a {type(prompt).__name__} ({prompt!r:.60}), not a string or a list of messages"
+    kind = type(prompt).__name__
+    article = "an" if kind[:1] in "aeiouAEIOU" else "a"
+    return f"is {article} {kind} ({prompt!r:.60}), not a string or a list of messages"
 
 
 def encode_prompts(

@@ -96,7 +96,7 @@ def test_output_dirs_that_cannot_take_a_run(make, capsys, tmp_path, monkeypatch)
     [
         (
             [*ROWS[:3], {"prompt": 5, "answer": "0"}],
-            "the training data row 3: the prompt is a int (5)",
+            "the training data row 3: the prompt is an int (5)",
         ),
         ([{"prompt": "  ", "answer": "0"}, *ROWS], "row 0: the prompt is an empty string"),
         (
