@@ -1,7 +1,7 @@
 """code_tests throughput, before vs after, measured in the same run.
 
     flock /tmp/grpo-heavy.lock .venv/bin/python benchmarks/code_tests_throughput.py
-    .venv/bin/python benchmarks/code_tests_throughput.py --before main --rounds 3 --n 256
+    .venv/bin/python benchmarks/code_tests_throughput.py --before e060abc --rounds 3 --n 256
     .venv/bin/python benchmarks/code_tests_throughput.py --isolation pivot_root  # "after" only
 
 The "before" package is ``git archive REF reward_fns``, unpacked into a temporary folder; the
@@ -48,6 +48,9 @@ print(json.dumps({"per_s": n / wall, "where": reward_fns.__file__}))
 """
 
 
+SANDBOX_BEFORE = "e060abc"  # the parent of the minimal-root sandbox (issue 12)
+
+
 def unpack_before(ref: str, into: str) -> str:
     archive = subprocess.run(
         ["git", "-C", HERE, "archive", "--format=tar", ref, "reward_fns"],
@@ -74,7 +77,11 @@ def measure(path_first: str, n: int, kind: str, params: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--before", default="main", help="git ref of the 'before' reward_fns")
+    parser.add_argument(
+        "--before",
+        default=SANDBOX_BEFORE,
+        help="git ref of the 'before' reward_fns (default: the last commit before issue 12's sandbox)",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--n", type=int, default=256)
     parser.add_argument("--kinds", default="asserts,stdio")

@@ -12,17 +12,76 @@ library internals: it calls these helpers.
 | `gradient_checkpointing_active`     | transformers 5.x renamed `is_gradient_checkpointing` to `is_activation_checkpointing` | the old name is removed (v6) |
 | `unwrap_peft`                       | peft 0.21 `PeftModel` wraps the transformers model | -- (peft API, kept as one call site) |
 | `generation_default`                | transformers 5.x leaves GenerationConfig fields None and keeps the effective defaults in a private table | transformers exposes its generation defaults publicly |
+| `launched_without_accelerators`     | accelerate 1.15 runs each process of a GPU-less `torchrun` / `--multi_gpu` launch as its own one-process job | accelerate selects MULTI_CPU (gloo) for such launches |
+| `fsdp2_parameters_held`             | torch 2.13 FSDP2 has no public "unshard and keep until I say" API (private `_get_fsdp_state`, `_lazy_init`, `post_forward_mesh_info`) | FSDP2 exposes one |
 | `moe_router_config`, `moe_load_balancing_loss` | transformers 5.x MoE models keep the load-balancing loss in each modeling module and the expert counts on the `ForCausalLM` | transformers exposes one public aux-loss API |
+
+Private `transformers.Trainer` methods the trainer overrides (in `training/trainer.py`, the logic in
+`training/lifecycle.py`), checked against transformers 5.24:
+
+| override                             | why                                   | remove when                    |
+|--------------------------------------|---------------------------------------|--------------------------------|
+| `_save_checkpoint`, `_get_output_dir` | the Trainer writes `checkpoint-N/` in place; redirected to a staging folder, then renamed (atomic) | the Trainer saves atomically |
+| `_load_optimizer_and_scheduler`      | the one hook every process runs when resuming; also restores the trainer's own state | the Trainer has a resume-state hook |
+| `_get_grad_norm`                     | the last call before `optimizer.step()`; a non-finite norm stops the run | a public pre-step hook that sees the norm |
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
 from ._logging import warn_once
+
+
+def launched_without_accelerators() -> bool:
+    """True in a process of a multi-process launch on a machine with no GPU (or other device).
+
+    `accelerate launch --cpu` starts several CPU processes only through mpirun; `accelerate launch
+    --multi_gpu` and `torchrun` start them on any machine, but accelerate then sees no GPU and
+    runs each process as a separate one-process job (N runs writing the same files). GRPOConfig
+    turns on `use_cpu` in this case, which selects accelerate's MULTI_CPU mode (gloo).
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    return torch.accelerator.current_accelerator() is None
+
+
+@contextmanager
+def fsdp2_parameters_held(model: torch.nn.Module) -> Iterator[None]:
+    """Gather every FSDP2 module's parameters once and keep them whole until the block ends.
+
+    torch 2.13 FSDP2 internals. Generation calls the transformers model inside the peft root,
+    so the root must be initialised first (else the first layer would make itself the root),
+    and the post-forward mesh of each group says whether it reshards after a forward; both are
+    private. A model with no FSDP2 module (not wrapped yet) is left alone.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not modules:
+        yield
+        return
+    modules[0]._get_fsdp_state()._lazy_init()
+    saved = [
+        [group.post_forward_mesh_info for group in m._get_fsdp_state()._fsdp_param_groups]
+        for m in modules
+    ]
+    for m in modules:
+        m.set_reshard_after_forward(False, recurse=False)
+        m.unshard()
+    try:
+        yield
+    finally:
+        for m, infos in zip(modules, saved):
+            for group, info in zip(m._get_fsdp_state()._fsdp_param_groups, infos):
+                group.post_forward_mesh_info = info
+            m.reshard()
 
 
 def unwrap_peft(model: torch.nn.Module) -> torch.nn.Module:

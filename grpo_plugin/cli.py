@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 import sys
 import warnings
 from collections.abc import Sequence
@@ -26,7 +27,8 @@ from pathlib import Path
 # Before anything imports bitsandbytes: its CPU backend logs a "kernels" warning on import.
 logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
-from .app.recipe import RecipeError, check_recipe, load_recipe, one_line, recipe_parser  # noqa: E402
+from .app.recipe import RecipeError, load_recipe, one_line, recipe_parser  # noqa: E402
+from .app.recipe_checks import check_recipe  # noqa: E402
 
 EXIT_BAD_RECIPE = 2
 
@@ -45,6 +47,7 @@ def quiet_logs() -> None:
     huggingface_hub.utils.disable_progress_bars()
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("grpo_plugin").setLevel(logging.INFO)
+    logging.getLogger("reward_fns").setLevel(logging.INFO)  # e.g. the sandbox's isolation line
     for name in ("bitsandbytes", "bitsandbytes.backends.cpu.ops", "peft", "accelerate"):
         logging.getLogger(name).setLevel(logging.ERROR)
 
@@ -57,6 +60,23 @@ def fail(message: str, code: int = EXIT_BAD_RECIPE) -> int:
 # ----------------------------------------------------------------------------- train
 
 
+def resume_command(argv: Sequence[str]) -> str:
+    """The `train` command line that resumes the run `argv` started."""
+    kept, skip = [], 0
+    for i, arg in enumerate(argv):
+        if skip:
+            skip -= 1
+            continue
+        name = arg.split("=", 1)[0]
+        if name == "--overwrite_output_dir":
+            continue
+        if name == "--resume_from_checkpoint":
+            skip = 0 if "=" in arg or i + 1 == len(argv) else 1
+            continue
+        kept.append(shlex.quote(arg))
+    return " ".join(["grpo-plugin", "train", *kept, "--resume_from_checkpoint", "true"])
+
+
 def cmd_train(argv: Sequence[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         recipe_parser().print_help()
@@ -67,21 +87,29 @@ def cmd_train(argv: Sequence[str]) -> int:
     if "-h" in flags or "--help" in flags:
         recipe_parser().print_help()
         return 0
+    from .app.preflight import prepare_run
+    from .training.preemption import TrainingInterrupted
+
     try:
         recipe = load_recipe(path, flags)
         rewards = check_recipe(recipe)
+        data = prepare_run(recipe, rewards)  # data, prompts, output dir, resume: no model yet
         if dry_run:
             c = recipe.config
+            resume = f", resumes from {data.checkpoint}" if data.checkpoint else ""
             print(
                 f"{path}: OK ({recipe.args.model}, rewards: {len(rewards)}, "
-                f"G={c.num_generations}, max_steps={c.max_steps})"
+                f"G={c.num_generations}, max_steps={c.max_steps}{resume})"
             )
             return 0
         from .app.pipeline import summary_lines, train_recipe
 
-        evaluation = train_recipe(recipe, rewards)
+        evaluation = train_recipe(recipe, rewards, data)
     except RecipeError as err:
         return fail(str(err))
+    except TrainingInterrupted as stop:
+        print(f"{stop}\nTo resume: {resume_command(argv)}", file=sys.stderr)
+        return stop.exit_code
     from .training.distributed import is_main_process
 
     if is_main_process():  # under `accelerate launch`, one summary, not one per process
@@ -92,69 +120,25 @@ def cmd_train(argv: Sequence[str]) -> int:
 # ----------------------------------------------------------------------------- eval
 
 
-def _base_of_adapter(adapter: str) -> str:
-    from .training.rundir import RUN_INFO_FILE
-
-    run = Path(adapter) / RUN_INFO_FILE
-    if run.is_file():
-        return json.loads(run.read_text())["base_model_path"]
-    cfg = Path(adapter) / "adapter_config.json"
-    if cfg.is_file():
-        return json.loads(cfg.read_text())["base_model_name_or_path"]
-    raise RecipeError(f"{adapter} has no {RUN_INFO_FILE} or adapter_config.json; pass --model")
-
-
 def cmd_eval(args: argparse.Namespace) -> int:
-    import reward_fns
-
-    from .app.data import (
-        dataset_label,
-        load_prompt_datasets,
-        parse_dataset_arg,
-        validate_dataset_spec,
-    )
-    from .training.evaluation import evaluate
-    from .training.policy import load_policy
-    from .training.tool_setup import ToolInputs
+    from .app.pipeline import evaluate_model
 
     try:
-        spec = parse_dataset_arg(args.dataset)
-        if args.eval_size is not None:
-            spec["eval_size"] = args.eval_size
-        validate_dataset_spec(spec)
-        reward_fn = reward_fns.resolve(args.reward)
-        train, held_out = load_prompt_datasets(spec)
-        dataset = held_out if held_out is not None else train
-        if args.eval_size is not None:
-            dataset = dataset.select(range(min(args.eval_size, len(dataset))))
-        model_name = args.model or (args.adapter and _base_of_adapter(args.adapter))
-        if not model_name:
-            raise RecipeError("pass --model (or --adapter DIR of a grpo-plugin run)")
-        tool_inputs = ToolInputs.check(args.tool or None, None, None)
-    except (RecipeError, ValueError, TypeError, KeyError) as err:
+        result = evaluate_model(
+            model=args.model,
+            adapter=args.adapter,
+            dataset=args.dataset,
+            reward=args.reward,
+            k=args.k,
+            eval_size=args.eval_size,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+            load_in_4bit=args.load_in_4bit,
+            tools=args.tool,
+            tool_options=args,  # --tool-chat-template, --tool-timeout, ...
+        )
+    except RecipeError as err:
         return fail(str(err))
-    model, tokenizer = load_policy(model_name, load_in_4bit=args.load_in_4bit)
-    if args.adapter:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, args.adapter)
-    try:
-        tools = tool_inputs.setup(tokenizer, args)
-    except ValueError as err:
-        return fail(str(err))
-    scores = evaluate(
-        model,
-        tokenizer,
-        dataset,
-        reward_fn,
-        k=args.k,
-        max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size,
-        tools=tools,
-    )
-    run = {"model": model_name, "adapter": args.adapter, "dataset": dataset_label(spec)}
-    run["tools"] = args.tool or []
-    result = {**run, "reward": args.reward, **scores}
     print(json.dumps(result, indent=2))
     if args.output:
         Path(args.output).write_text(json.dumps(result, indent=2))

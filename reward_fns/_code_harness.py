@@ -248,6 +248,8 @@ class Remote:
 def _remote_error(name: Any, message: Any) -> BaseException:
     """The candidate's exception as a built-in one the tests can catch, never BaseException."""
     kind = getattr(builtins, name, None) if isinstance(name, str) else None
+    if kind in (StopIteration, StopAsyncIteration):  # PEP 479: never a control-flow signal here
+        kind = None
     if isinstance(kind, type) and issubclass(kind, Exception):
         try:
             return kind(str(message))
@@ -342,6 +344,10 @@ def _stdlib_object(where: list, packages: list[str]) -> Any:
     value = _import_allowed(module, packages)
     for part in parts if value is not None else []:
         value = getattr(value, part, None)
+    # Only a function, class or builtin that names itself so (what _stdlib_home sends for
+    # `from math import isclose`); never an instance such as unittest.mock.ANY.
+    if getattr(value, "__qualname__", None) != qualname:
+        return None
     return value
 
 

@@ -194,8 +194,9 @@ def _move_imports(old_stdlib: str, new_stdlib: str) -> None:
     for module in list(sys.modules.values()):
         path = getattr(module, "__path__", None)
         if isinstance(path, list):
-            module.__path__ = [new_stdlib + p[len(old_stdlib) :] if p.startswith(old_stdlib) else p
-                               for p in path]  # fmt: skip
+            module.__path__ = [
+                new_stdlib + p[len(old_stdlib) :] if p.startswith(old_stdlib) else p for p in path
+            ]
 
 
 def _enter(spec: dict) -> None:

@@ -100,7 +100,7 @@ def _run(level, code, stdin_text, tests, limits: SandboxLimits, packages) -> Run
         uids = _throwaway_uids()
         spec = {**sandbox_launch.static_spec(level, packages, limits.workdir_mb)}
         spec.update(code=code, uids=uids)
-        spec["limits"] = _rlimits(limits)
+        spec["limits"] = _rlimits(limits, shared_uid=uids is None)
         if level == "rlimits":
             spec.update(sandbox_launch.host_work(uids))
             files.folders.append(spec["work"])
@@ -186,13 +186,29 @@ def _throwaway_uids() -> tuple[int, int] | None:
     return program, program + 1 + secrets.randbelow(1 << 20)
 
 
-def _rlimits(limits: SandboxLimits) -> dict[str, list[int]]:
+def _own_task_count() -> int:
+    """Tasks (threads included) of this uid on the machine: what RLIMIT_NPROC counts."""
+    uid, count = os.getuid(), 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    count += len(os.listdir(f"/proc/{entry.name}/task"))
+            except OSError:
+                continue
+    return count
+
+
+def _rlimits(limits: SandboxLimits, shared_uid: bool = False) -> dict[str, list[int]]:
+    """Per-process limits. Without throwaway uids (not root) the program runs as the trainer's
+    uid, whose own tasks RLIMIT_NPROC counts too: the cap is then theirs plus `max_processes`."""
     cpu = math.ceil(limits.timeout_s) + 1
     memory = limits.memory_mb << 20
+    processes = limits.max_processes + (_own_task_count() if shared_uid else 0)
     return {
         "RLIMIT_AS": [memory, memory],
         "RLIMIT_CPU": [cpu, cpu + 1],
-        "RLIMIT_NPROC": [limits.max_processes, limits.max_processes],
+        "RLIMIT_NPROC": [processes, processes],
         "RLIMIT_FSIZE": [limits.max_output_bytes, limits.max_output_bytes],
         "RLIMIT_CORE": [0, 0],
         "RLIMIT_NOFILE": [limits.max_open_files, limits.max_open_files],
@@ -288,14 +304,15 @@ def prepare(isolation: str, packages: Sequence[str], limits: SandboxLimits) -> s
 
 
 def isolation_level(isolation: str = "auto") -> str:
-    """The level a run with ``isolation`` gets here; raises :class:`IsolationError` if none."""
+    """The level a run with ``isolation`` gets here (logged once per level); raises
+    :class:`IsolationError` if none."""
     if isolation not in ISOLATIONS:
         raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
     if isolation in LEVELS:
         why = _why_not(isolation)
         if why:
             raise IsolationError(f"code_tests isolation={isolation!r} does not work here: {why}")
-        return isolation
+        return _announced(isolation)
     level = _best_level()
     if isolation == "strict" and level == "rlimits":
         raise IsolationError(
@@ -303,7 +320,7 @@ def isolation_level(isolation: str = "auto") -> str:
             f"bwrap: {_why_not('bwrap')}; pivot_root: {_why_not('pivot_root')}. "
             "Run as root with bubblewrap (apt-get install bubblewrap) or util-linux unshare."
         )
-    return level
+    return _announced(level)
 
 
 @lru_cache(maxsize=1)
@@ -312,6 +329,12 @@ def _best_level() -> str:
     if level is None:
         reasons = "; ".join(f"{lvl}: {_why_not(lvl)}" for lvl in LEVELS)
         raise IsolationError(f"code_tests cannot run generated code here ({reasons})")
+    return level
+
+
+@cache
+def _announced(level: str) -> str:
+    """Log, once per level and process, which isolation and which limits a run gets."""
     cgroup = sandbox_cgroup.hierarchy()
     limits = cgroup.describe() if cgroup else "per-process rlimits only (no usable cgroup)"
     with _LOG_LOCK:

@@ -35,9 +35,15 @@ def static_spec(level: str, packages: tuple[str, ...], workdir_mb: int) -> dict:
     """The part of _sandbox_init's spec that is the same for every run of a configuration."""
     if level == "rlimits":  # the interpreter's own sys.path, plus the allowed packages' folders
         extra = [os.path.dirname(_package_dir(name)) for name in packages]
-        return {"level": level, "packages": list(packages), "mounts": [], "staging": None,
-                "executable": rlimits_python(), "sys_path": None,
-                "extra_path": list(dict.fromkeys(extra))}  # fmt: skip
+        return {
+            "level": level,
+            "packages": list(packages),
+            "mounts": [],
+            "staging": None,
+            "executable": rlimits_python(),
+            "sys_path": None,
+            "extra_path": list(dict.fromkeys(extra)),
+        }
     root = root_for(packages, workdir_mb)
     env = {"PATH": SAFE_PATH, "HOME": sandbox_root.WORK, "TMPDIR": sandbox_root.WORK}
     env.update(LANG="C.UTF-8", LD_LIBRARY_PATH=root.library_path)
@@ -96,8 +102,13 @@ def rlimits_python() -> str:
     system = shutil.which("python3", path=SAFE_PATH)
     if system:
         code = "import os, sys; print(os.path.dirname(os.__file__)); print(sys.version_info >= (3, 10))"
-        out = subprocess.run([system, "-I", "-S", "-c", code], capture_output=True, text=True,
-                             timeout=30, check=False).stdout.split()  # fmt: skip
+        out = subprocess.run(
+            [system, "-I", "-S", "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        ).stdout.split()
         if out[-1:] == ["True"] and _world_readable(out[0]):
             return os.path.realpath(system)
     raise IsolationError(

@@ -34,6 +34,7 @@ def test_wheel_holds_the_recipes_and_the_license(wheel):
     names = set(wheel.namelist())
     for recipe in (REPO_ROOT / "recipes").glob("*.yaml"):
         assert f"grpo_plugin/recipes/{recipe.name}" in names
+    assert "grpo_plugin/recipes/tool_use_tools.py" in names  # the tool file tool_use.yaml names
     licences = [n for n in names if n.endswith("LICENSE")]
     assert licences and "Apache License" in wheel.read(licences[0]).decode()
     metadata = next(n for n in names if n.endswith("METADATA"))
@@ -44,5 +45,5 @@ def test_license_file_matches_pyproject():
     import tomllib
 
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
-    assert project["license"] == {"text": "Apache-2.0"}
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
     assert (REPO_ROOT / "LICENSE").read_text().lstrip().startswith("Apache License")

@@ -139,7 +139,14 @@ def _load_table(path_or_hub_id: str, split: str) -> Dataset:
         path = Path(path_or_hub_id)
         _require_file(path)
         builder = LOCAL_SUFFIXES.get(path.suffix.lower(), "json")
-        return load_dataset(builder, data_files=str(path), split="train")
+        if path.suffix.lower() == ".jsonl":
+            check_json_lines(path)
+        try:
+            return load_dataset(builder, data_files=str(path), split="train")
+        except Exception as err:  # datasets wraps the parser's error in a long traceback
+            cause = err.__cause__ or err
+            message = " ".join(str(cause).split())[:300]
+            raise ValueError(f"{path}: cannot be read as {builder}: {message}") from None
     config = "main" if path_or_hub_id == GSM8K_HUB_ID else None
     return load_dataset(path_or_hub_id, config, split=split)
 
@@ -180,13 +187,40 @@ def _require_file(path: Path) -> None:
         raise ValueError(f"dataset file {str(path)!r} does not exist; fix `path`/`eval_path`")
 
 
+def _json_record(path: Path, number: int, line: str) -> dict[str, Any]:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"{path}:{number}: not valid JSON ({err.msg} at column {err.colno}); fix or delete "
+            "that line."
+        ) from None
+    if not isinstance(record, dict):
+        raise ValueError(
+            f"{path}:{number}: a record must be a JSON object ({{...}}), got "
+            f"{type(record).__name__}."
+        )
+    return record
+
+
+def check_json_lines(path: Path) -> None:
+    """Every non-blank line of a .jsonl file is a JSON object; the first bad one is named."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if line.strip():
+                    _json_record(path, number, line)
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}).") from None
+
+
 def first_record_columns(path: Path) -> list[str] | None:
     """Column names from the first record of a local file (None when not cheap to tell)."""
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        with path.open() as f:
+        with path.open(encoding="utf-8", errors="replace") as f:
             line = f.readline().strip()
-        return list(json.loads(line)) if line else []
+        return list(_json_record(path, 1, line)) if line else []
     if suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -262,7 +296,10 @@ def load_prompt_datasets(spec: dict[str, Any]) -> tuple[Dataset, Dataset | None]
         names = ("low", "high", "seed", "template", "system_prompt", "low_b", "high_b")
         kwargs = {k: spec[k] for k in (*names, "operation", "shots") if k in spec}
         n_train = 64 if train_size is None else train_size
-        return arithmetic_dataset(n_train, 64 if eval_size is None else eval_size, **kwargs)
+        train, held_out = arithmetic_dataset(
+            n_train, 64 if eval_size is None else eval_size, **kwargs
+        )
+        return train, held_out if len(held_out) else None  # eval_size: 0 means no held-out set
     if name == "gsm8k":
         return _load_gsm8k(spec, train_size, eval_size)
     train = _take(_load_table(spec["path"], spec.get("split", "train")), train_size)

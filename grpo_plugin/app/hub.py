@@ -29,7 +29,14 @@ from pathlib import Path
 from huggingface_hub import CommitOperationAdd, HfApi, constants, get_token
 from huggingface_hub.errors import HfHubHTTPError
 
-from ..training.rundir import CARD_FILE, CURVE_FILE, EVAL_FILE, load_run_info
+from ..training.rundir import (
+    CARD_FILE,
+    COMPLETIONS_DIR,
+    CURVE_FILE,
+    EVAL_FILE,
+    METRICS_FILE,
+    load_run_info,
+)
 from .card import build_model_card
 
 logger = logging.getLogger(__name__)
@@ -135,7 +142,7 @@ def select_files(
     if include_checkpoints:
         subdirs += sorted(output_dir.glob("checkpoint-*"))
     if include_completions:
-        subdirs.append(output_dir / "completions")
+        subdirs.append(output_dir / COMPLETIONS_DIR)
     for subdir in subdirs:
         for path in sorted(subdir.rglob("*")):
             if path.is_file():
@@ -150,10 +157,9 @@ def merge_adapter(output_dir: str | Path, target_dir: str | Path) -> Path:
     onto plain `nn.Linear` layers; the merged weights are then W + (alpha / r) B A in float32.
     """
     import torch
-    from peft import PeftConfig, PeftModel
-    from transformers import AutoModelForCausalLM
+    from peft import PeftConfig
 
-    from ..models import resolve_model_path
+    from ..training.policy import load_adapter, load_model
 
     run = load_run_info(output_dir)
     base_ref = run.get("base_model_path") or run.get("base_model")
@@ -164,8 +170,8 @@ def merge_adapter(output_dir: str | Path, target_dir: str | Path) -> Path:
             "base model. Add 'base_model_path' to grpo_run.json."
         )
     logger.info("Merging the adapter into %s reloaded in float32", base_ref)
-    base = AutoModelForCausalLM.from_pretrained(resolve_model_path(base_ref), dtype=torch.float32)
-    merged = PeftModel.from_pretrained(base, str(output_dir)).merge_and_unload()
+    base = load_model(base_ref, {"dtype": torch.float32})
+    merged = load_adapter(base, output_dir).merge_and_unload()
     merged.save_pretrained(target_dir)
     return Path(target_dir)
 
@@ -290,6 +296,21 @@ def publish(
 
 
 # ----------------------------------------------------------------------------- CLI
+
+
+def publish_trainer(trainer, repo_id: str | None, token: str | None, **kwargs) -> str:
+    """`GRPOTrainer.push_to_hub`: save, plot, write the card, publish as one commit."""
+    from .card import write_model_card
+    from .plot import plot_reward_curve
+
+    if not repo_id:
+        raise ValueError("push_to_hub needs repo_id='user/name' (or GRPOConfig.hub_model_id).")
+    out = Path(trainer.args.output_dir)
+    trainer.save_model(str(out))
+    if (out / METRICS_FILE).exists():
+        plot_reward_curve(out)
+    write_model_card(out)
+    return publish(out, repo_id, token=token, **kwargs)
 
 
 def add_publish_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -1,8 +1,10 @@
 """A recipe, run end to end: the one orchestrator behind `grpo-plugin train` and `run_recipe`.
 
-    load data -> build the trainer -> evaluate (before) -> train (evaluating on its schedule)
-    -> save -> evaluate (after) -> eval.json (before, after, the curve of every evaluation, the
-    best step, reward-hacking alarms), recipe.yaml, reward_curve.png, README.md (the model card)
+    check (preflight.py: output dir, resume, data, prompt lengths) -> claim the output dir
+    -> build the trainer -> evaluate (before; written to eval.json at once, so a resumed run
+    reuses it) -> train (evaluating on its schedule; resumable) -> save -> evaluate (after)
+    -> eval.json (before, after, the curve of every evaluation, the best step, reward-hacking
+    alarms), recipe.yaml, reward_curve.png, README.md (the model card)
 
 Python users call `run_recipe("arithmetic", ["--max_steps", "8"])` (a built-in recipe name or a
 YAML path, plus the same flags as the CLI); the CLI only parses arguments and prints.
@@ -20,16 +22,13 @@ import yaml
 
 import reward_fns
 
-from ..training import rundir
-from .data import dataset_hub_ids, dataset_label, load_prompt_datasets
-from .recipe import (
-    Recipe,
-    RecipeError,
+from ..training import distributed, run_lock, rundir
+from .data import dataset_hub_ids, dataset_label
+from .preflight import RecipeData, prepare_run
+from .recipe import Recipe, RecipeError, load_recipe, one_line
+from .recipe_checks import (
     check_recipe,
-    check_reward_columns,
     eval_metrics_fn,
-    load_recipe,
-    one_line,
     recipe_tools,
     resolve_rewards,
     reward_specs,
@@ -47,18 +46,7 @@ def run_recipe(recipe: Recipe | str | Path, overrides: Sequence[str] = ()) -> di
     if not isinstance(recipe, Recipe):
         recipe = load_recipe(recipe, overrides)
     rewards = check_recipe(recipe)
-    return train_recipe(recipe, rewards)
-
-
-def _load_data(recipe: Recipe, rewards: list[Callable]) -> tuple[Any, Any]:
-    try:
-        train, held_out = load_prompt_datasets(recipe.args.dataset)
-    except (ValueError, FileNotFoundError) as err:
-        raise RecipeError(one_line(err)) from err
-    check_reward_columns(rewards, train.column_names, "the training data")
-    if held_out is not None:
-        check_reward_columns(rewards[:1], held_out.column_names, "the held-out data")
-    return train, held_out
+    return train_recipe(recipe, rewards, prepare_run(recipe, rewards))
 
 
 def _eval_reward(recipe: Recipe, rewards: list[Callable]) -> Callable:
@@ -76,6 +64,8 @@ def _evaluate(trainer, dataset, reward_fn: Callable, recipe: Recipe) -> dict[str
     spec.setdefault("max_new_tokens", recipe.config.max_completion_length)
     spec.setdefault("temperature", recipe.config.temperature)
     spec.setdefault("seed", recipe.config.seed)
+    spec["max_prompt_length"] = recipe.config.max_prompt_length  # prompts encoded as in training
+    spec["chat_template_kwargs"] = recipe.config.chat_template_kwargs
     model = trainer.accelerator.unwrap_model(trainer.model)
     spec["accelerator"] = trainer.accelerator  # sharded over the processes, then gathered
     spec["tools"] = trainer.tool_setup  # the tools are available before and after alike
@@ -164,22 +154,56 @@ def summary_lines(evaluation: dict[str, Any], out: Path) -> list[str]:
             lines.append(f"{key}: {_pct(before.get(key))} -> {_pct(after.get(key))}")
     best = evaluation.get("best_metric")
     if best and "best_step" in evaluation:
-        lines.append(f"Best {best['name']} during training: {best['value']:.4g} at step "
-                     f"{evaluation['best_step']}")  # fmt: skip
+        lines.append(
+            f"Best {best['name']} during training: {best['value']:.4g} at step "
+            f"{evaluation['best_step']}"
+        )
     lines += [f"Warning: {alarm['message']}" for alarm in evaluation.get("alarms", [])[:1]]
     lines.append(f"Training {train_min:.1f} min; total {total_min:.1f} min. Outputs: {out}")
     return lines
 
 
-def train_recipe(recipe: Recipe, rewards: list[Callable]) -> dict[str, Any]:
-    """Evaluate, train, save, evaluate; write eval.json, recipe.yaml, the curve and the card."""
+def train_recipe(
+    recipe: Recipe, rewards: list[Callable], data: RecipeData | None = None
+) -> dict[str, Any]:
+    """Evaluate, train, save, evaluate; write eval.json, recipe.yaml, the curve and the card.
+
+    `data` is what `preflight.prepare_run` returned (run here when None). The output dir is
+    claimed (locked, and cleared with `overwrite_output_dir`) before the model loads. A signal
+    during training raises `TrainingInterrupted` once the checkpoint is saved.
+    """
+    data = data or prepare_run(recipe, rewards)
+    out, main = Path(recipe.config.output_dir), distributed.is_main_process()
+    if main:
+        overwrite = recipe.config.overwrite_output_dir
+        run_lock.claim(out, resume=data.checkpoint is not None, overwrite=overwrite)
+    try:
+        return _run(recipe, rewards, data, out)
+    finally:
+        if main:
+            run_lock.release(out)
+
+
+def _before(trainer, recipe: Recipe, data: RecipeData, eval_fn: Callable, out: Path):
+    """The held-out evaluation before training: read back when resuming, else run and saved."""
+    if data.checkpoint is not None:
+        previous = (rundir.read_json(out / rundir.EVAL_FILE) or {}).get("before")
+        if previous is not None:
+            return previous
+    before = _evaluate(trainer, data.held_out, eval_fn, recipe)
+    if trainer.is_world_process_zero():
+        logger.info("Before training: held-out greedy accuracy %s", _pct(before["accuracy"]))
+        rundir.write_json(out / rundir.EVAL_FILE, {"before": before})
+    return before
+
+
+def _run(recipe: Recipe, rewards: list[Callable], data: RecipeData, out: Path) -> dict[str, Any]:
     from .card import write_model_card
     from .plot import plot_reward_curve
 
     start = time.perf_counter()
-    train, held_out = _load_data(recipe, rewards)
-    trainer = _build_trainer(recipe, rewards, train, held_out)
-    out = Path(recipe.config.output_dir)
+    held_out = data.held_out
+    trainer = _build_trainer(recipe, rewards, data.train, held_out)
     out.mkdir(parents=True, exist_ok=True)
     eval_fn = _eval_reward(recipe, rewards)
     evaluation: dict[str, Any] = {
@@ -187,12 +211,9 @@ def train_recipe(recipe: Recipe, rewards: list[Callable]) -> dict[str, Any]:
         "reward": reward_fns.reward_name(eval_fn),
     }
     if held_out is not None and (recipe.args.eval or {}).get("before", True):
-        evaluation["before"] = _evaluate(trainer, held_out, eval_fn, recipe)
-        logger.info(
-            "Before training: held-out greedy accuracy %s", _pct(evaluation["before"]["accuracy"])
-        )
+        evaluation["before"] = _before(trainer, recipe, data, eval_fn, out)
     t0 = time.perf_counter()
-    trainer.train()
+    trainer.train(resume_from_checkpoint=data.checkpoint)
     evaluation["train_seconds"] = round(time.perf_counter() - t0, 1)
     trainer.save_model(str(out))
     if held_out is not None:
@@ -205,3 +226,69 @@ def train_recipe(recipe: Recipe, rewards: list[Callable]) -> dict[str, Any]:
         write_model_card(out)
     evaluation["total_seconds"] = round(time.perf_counter() - start, 1)
     return evaluation
+
+
+# ----------------------------------------------------------------------------- grpo-plugin eval
+
+
+def _base_of_adapter(adapter: str) -> str:
+    run = rundir.read_json(Path(adapter) / rundir.RUN_INFO_FILE)
+    if run is not None:
+        return run["base_model_path"]
+    config = rundir.read_json(Path(adapter) / "adapter_config.json")
+    if config is not None:
+        return config["base_model_name_or_path"]
+    raise RecipeError(
+        f"{adapter} has no {rundir.RUN_INFO_FILE} or adapter_config.json; pass --model"
+    )
+
+
+def evaluate_model(
+    *,
+    model: str | None,
+    adapter: str | None,
+    dataset: str,
+    reward: str,
+    k: int = 8,
+    eval_size: int | None = None,
+    max_new_tokens: int = 64,
+    batch_size: int = 32,
+    load_in_4bit: bool = False,
+    tools: list[str] | None = None,
+    tool_options: Any = None,
+) -> dict[str, Any]:
+    """`grpo-plugin eval`: greedy accuracy and pass@k of a model (and adapter) on a dataset spec,
+    with `tools` the model may call (`tool_options`: an object with the `GRPOConfig` tool fields);
+    bad arguments raise `RecipeError` before the model loads."""
+    from ..training.evaluation import evaluate
+    from ..training.policy import load_adapter, load_policy
+    from ..training.tool_setup import ToolInputs
+    from .data import load_prompt_datasets, parse_dataset_arg, validate_dataset_spec
+
+    try:
+        spec = parse_dataset_arg(dataset)
+        if eval_size is not None:
+            spec["eval_size"] = eval_size
+        validate_dataset_spec(spec)
+        reward_fn = reward_fns.resolve(reward)
+        train, held_out = load_prompt_datasets(spec)
+        data = held_out if held_out is not None else train
+        if eval_size is not None:
+            data = data.select(range(min(eval_size, len(data))))
+        model_name = model or (adapter and _base_of_adapter(adapter))
+        if not model_name:
+            raise RecipeError("pass --model (or --adapter DIR of a grpo-plugin run)")
+        tool_inputs = ToolInputs.check(tools or None, None, None)
+    except (ValueError, TypeError, KeyError) as err:
+        raise RecipeError(one_line(err)) from err
+    policy, tokenizer = load_policy(model_name, load_in_4bit=load_in_4bit)
+    if adapter:
+        policy = load_adapter(policy, adapter)
+    try:
+        setup = tool_inputs.setup(tokenizer, tool_options) if tools else None
+    except ValueError as err:
+        raise RecipeError(one_line(err)) from err
+    options = {"k": k, "max_new_tokens": max_new_tokens, "batch_size": batch_size}
+    scores = evaluate(policy, tokenizer, data, reward_fn, tools=setup, **options)
+    run = {"model": model_name, "adapter": adapter, "dataset": dataset_label(spec)}
+    return {**run, "reward": reward, "tools": list(tools or []), **scores}

@@ -78,10 +78,21 @@ def curve_data(output_dir: str | Path) -> CurveData:
 
 
 def _draw_reward(ax, data: CurveData) -> list:
-    ax.plot(data.reward_steps, data.rewards, color="tab:blue", alpha=0.3, lw=1,
-            label="train reward (per step)")  # fmt: skip
-    ax.plot(data.reward_steps, data.smoothed, color="tab:blue", lw=2,
-            label=f"train reward ({data.window}-step mean)")  # fmt: skip
+    ax.plot(
+        data.reward_steps,
+        data.rewards,
+        color="tab:blue",
+        alpha=0.3,
+        lw=1,
+        label="train reward (per step)",
+    )
+    ax.plot(
+        data.reward_steps,
+        data.smoothed,
+        color="tab:blue",
+        lw=2,
+        label=f"train reward ({data.window}-step mean)",
+    )
     ax.set_ylabel("reward", color="tab:blue")
     if data.rewards and 0.0 <= min(data.rewards) and max(data.rewards) <= 1.0:
         ax.set_ylim(-0.02, 1.02)  # on the accuracy's scale, so the two can be compared by eye
@@ -95,16 +106,30 @@ def _draw_reward(ax, data: CurveData) -> list:
             [a - lo for a, (lo, _) in zip(accs, cis)],
             [hi - a for a, (_, hi) in zip(accs, cis)],
         ]
-        acc_ax.errorbar(steps, accs, yerr=yerr, fmt="o-", color="tab:orange", capsize=3, lw=1.2,
-                        ms=4, label="held-out accuracy (95% CI)")  # fmt: skip
+        acc_ax.errorbar(
+            steps,
+            accs,
+            yerr=yerr,
+            fmt="o-",
+            color="tab:orange",
+            capsize=3,
+            lw=1.2,
+            ms=4,
+            label="held-out accuracy (95% CI)",
+        )
     acc_ax.set_ylabel("held-out accuracy", color="tab:orange")
     acc_ax.set_ylim(-0.02, 1.02)
     return ax.get_legend_handles_labels()[0] + acc_ax.get_legend_handles_labels()[0]
 
 
 def _draw_collapse_watch(ax, data: CurveData) -> list:
-    ax.plot(data.length_steps, data.lengths, color="tab:green", lw=1.2,
-            label="completion length (tokens)")  # fmt: skip
+    ax.plot(
+        data.length_steps,
+        data.lengths,
+        color="tab:green",
+        lw=1.2,
+        label="completion length (tokens)",
+    )
     ax.set_ylabel("tokens", color="tab:green")
     ax.set_xlabel("step")
     if not data.kls:

@@ -20,6 +20,22 @@ from .noise import GeneratorNoise, SamplingNoise
 from .types import Rollout, RolloutBatch, SamplingParams
 
 
+def prompt_problem(prompt: Any) -> str | None:
+    """Why `prompt` cannot be sampled from, or None when it can."""
+    if isinstance(prompt, str):
+        return None if prompt.strip() else "is an empty string"
+    if isinstance(prompt, list):
+        if not prompt:
+            return "is an empty list of messages"
+        for message in prompt:
+            if not isinstance(message, dict) or "role" not in message or "content" not in message:
+                return f"has a message that is not {{'role': ..., 'content': ...}}: {message!r:.60}"
+        return None
+    kind = type(prompt).__name__
+    article = "an" if kind[:1] in "aeiouAEIOU" else "a"
+    return f"is {article} {kind} ({prompt!r:.60}), not a string or a list of messages"
+
+
 def encode_prompts(
     tokenizer,
     prompts: list[Any],
@@ -29,7 +45,10 @@ def encode_prompts(
 ) -> list[list[int]]:
     """Token ids of each prompt, keeping the last `max_prompt_length` tokens when set."""
     encoded = []
-    for prompt in prompts:
+    for i, prompt in enumerate(prompts):
+        problem = prompt_problem(prompt)
+        if problem is not None:  # a streamed dataset's rows are first seen here
+            raise ValueError(f"prompt {i} of this batch {problem}; fix or drop that row.")
         if isinstance(prompt, list):
             text = tokenizer.apply_chat_template(
                 prompt, tokenize=False, add_generation_prompt=True, **(chat_template_kwargs or {})

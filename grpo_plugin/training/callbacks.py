@@ -1,5 +1,4 @@
-"""Trainer callbacks: one rich progress bar and `metrics.jsonl`; TR-DPO reference syncing; the
-adaptive entropy state saved with checkpoints.
+"""Trainer callbacks: one rich progress bar and `metrics.jsonl`; TR-DPO reference syncing.
 
 The Trainer's own tqdm bar and its dict-printing callback are replaced by `RichProgressCallback`,
 which shows step, reward, KL and seconds per step on a single line.
@@ -8,10 +7,8 @@ which shows step, reward, KL and seconds per step on a single line.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from transformers import TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .rundir import append_metrics
 
@@ -110,16 +107,3 @@ class SyncRefModelCallback(TrainerCallback):
 
         if model is not None and state.global_step % self.every == 0:
             mix_reference(self.ref_model, model, self.alpha)
-
-
-class EntropyStateCallback(TrainerCallback):
-    """Saves the adaptive entropy coefficient into each checkpoint folder, as TRL does
-    (`entropy_ctrl_state.json`); the trainer reads it back when it resumes."""
-
-    def __init__(self, objective) -> None:
-        self.objective = objective
-
-    def on_save(self, args, state, control, **kwargs):
-        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-        if state.is_world_process_zero and folder.is_dir():
-            self.objective.save_state(folder)

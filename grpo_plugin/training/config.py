@@ -24,11 +24,10 @@ from typing import Any
 
 import torch
 
-from ..core.objectives import ESTIMATORS, LOSS_TYPES, LossParams, check_loss_hyperparameters
-from ..core.objectives import IMPORTANCE_SAMPLING_LEVELS as IMPORTANCE_LEVELS
+from .._compat import launched_without_accelerators
+from ..core.objectives import ESTIMATORS, LossParams
 from ..rollout.types import SamplingParams
 from .config_tools import ToolArguments
-from .distributed import launched_without_accelerators
 
 logger = logging.getLogger(__name__)
 SCALE_REWARDS = ("group", "batch", "none")
@@ -100,8 +99,9 @@ class GRPOConfig(ToolArguments):
     generation_batch_size: int | None = field(
         default=None,
         metadata={
-            "help": "Completions generated per rollout (per device). None: "
-            "per_device_train_batch_size * steps_per_generation. Must be divisible by G."
+            "help": "Completions generated per rollout over all processes (TRL's meaning). None: "
+            "per_device_train_batch_size * num_processes * steps_per_generation. Each process's "
+            "share must be divisible by G (groups never span processes)."
         },
     )
     steps_per_generation: int | None = field(
@@ -208,6 +208,26 @@ class GRPOConfig(ToolArguments):
         },
     )
 
+    # --- run safety (training/run_lock.py, scoring.py) ------------------------------------------
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Start a new run in an output_dir that holds an earlier one, deleting that "
+            "run's files first. Without it such a run is refused (resume it instead)."
+        },
+    )
+    reward_timeout: float | None = field(
+        default=600.0,
+        metadata={"help": "Seconds one reward call may take before the run stops. None: no limit."},
+    )
+    nan_rewards_as_unscored: bool = field(
+        default=False,
+        metadata={
+            "help": "Read a NaN reward as 'not scored' (like None). Off: NaN is an error naming the "
+            "reward function and the sample."
+        },
+    )
+
     # --- evaluation (training/eval_loop.py) ---------------------------------------------------------
     num_generations_eval: int | None = field(
         default=None,
@@ -258,32 +278,31 @@ class GRPOConfig(ToolArguments):
 
     # --- validation ---------------------------------------------------------------------------
     def _check_choices(self) -> None:
-        _choice("loss_type", self.loss_type, LOSS_TYPES)
-        _choice("importance_sampling_level", self.importance_sampling_level, IMPORTANCE_LEVELS)
         _choice("scale_rewards", self.scale_rewards, SCALE_REWARDS)
         if self.advantage_estimator is not None:
             _choice("advantage_estimator", self.advantage_estimator, ESTIMATORS)
 
     def _check_numbers(self) -> None:
+        if not self.learning_rate > 0 or self.learning_rate == float("inf"):
+            raise ValueError(
+                f"learning_rate={self.learning_rate} must be a positive finite number (1e-5 for "
+                "LoRA on 0.5-8B models, 1e-4 to 5e-4 for tiny ones)."
+            )
+        if self.reward_timeout is not None and not self.reward_timeout > 0:
+            raise ValueError(
+                f"reward_timeout={self.reward_timeout} must be > 0 seconds, or None for no limit."
+            )
         if self.num_generations < 2:
             raise ValueError(
                 f"num_generations={self.num_generations}: GRPO compares completions within a group, "
                 "so it needs at least 2 (RLOO too). Use num_generations=8 as a start."
             )
-        check_loss_hyperparameters(
-            self.epsilon,
-            self.epsilon_high,
-            self.beta,
-            self.max_completion_length,
-            self.delta,
-            self.off_policy_mask_threshold,
-        )
         if self.temperature <= 0:
             raise ValueError(
                 f"temperature={self.temperature} must be > 0 for training (log-probs divide by it)."
             )
         self.sampling_params()  # validates top_p, top_k, min_p and repetition_penalty
-        self.loss_params()  # validates the loss type's own hyperparameters
+        self.loss_params()  # validates every loss hyperparameter (core/losses.py, the one home)
         if self.logprob_chunk_size < 1:
             raise ValueError(f"logprob_chunk_size={self.logprob_chunk_size} must be >= 1.")
         if self.num_iterations < 1:
@@ -309,22 +328,25 @@ class GRPOConfig(ToolArguments):
             )
 
     def _resolve_batches(self) -> None:
-        per_step = self.per_device_train_batch_size
+        """TRL's semantics: `generation_batch_size` counts the completions of one rollout over
+        every process; ours adds that each process's share holds whole groups."""
+        per_step, world = self.per_device_train_batch_size, self.world_size
         if self.generation_batch_size is not None and self.steps_per_generation is not None:
             raise ValueError("Set generation_batch_size or steps_per_generation, not both.")
         if self.generation_batch_size is not None:
-            if self.generation_batch_size % per_step:
+            if self.generation_batch_size % (per_step * world):
                 raise ValueError(
-                    f"generation_batch_size={self.generation_batch_size} must be a multiple of "
-                    f"per_device_train_batch_size={per_step}."
+                    f"generation_batch_size={self.generation_batch_size} must be a multiple of the "
+                    f"global batch size {per_step * world} (per_device_train_batch_size {per_step} "
+                    f"x {world} processes)."
                 )
-            self.steps_per_generation = self.generation_batch_size // per_step
+            self.steps_per_generation = self.generation_batch_size // (per_step * world)
         if self.steps_per_generation is None:
             self.steps_per_generation = self.gradient_accumulation_steps
-        self.generation_batch_size = per_step * self.steps_per_generation
-        if self.generation_batch_size % self.num_generations:
+        self.generation_batch_size = per_step * world * self.steps_per_generation
+        if self.generation_batch_per_device % self.num_generations:
             raise ValueError(
-                f"The generation batch ({self.generation_batch_size} completions = "
+                f"The generation batch ({self.generation_batch_per_device} completions per process = "
                 f"per_device_train_batch_size {per_step} x steps_per_generation "
                 f"{self.steps_per_generation}) is not divisible by num_generations="
                 f"{self.num_generations}: each prompt needs all its G completions in one rollout. "
@@ -370,9 +392,14 @@ class GRPOConfig(ToolArguments):
         )
 
     @property
+    def generation_batch_per_device(self) -> int:
+        """Completions in one rollout on this process (`generation_batch_size` is over all)."""
+        return self.per_device_train_batch_size * self.steps_per_generation
+
+    @property
     def prompts_per_generation(self) -> int:
-        """Distinct prompts in one rollout on this device."""
-        return self.generation_batch_size // self.num_generations
+        """Distinct prompts in one rollout on this process."""
+        return self.generation_batch_per_device // self.num_generations
 
     @property
     def needs_old_logps(self) -> bool:

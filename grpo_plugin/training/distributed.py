@@ -23,7 +23,7 @@ FSDP2, DeepSpeed ZeRO-2) averages the gradients. What the trainer adds, and wher
 
 from __future__ import annotations
 
-import logging
+import json
 import os
 import pickle
 from collections.abc import Callable, Iterator, Sequence
@@ -33,26 +33,12 @@ from typing import Any
 
 import torch
 
+from .._compat import fsdp2_parameters_held
 from ..rollout.dynamic_sampling import concat_rollouts
 from ..rollout.types import Rollout
 
-logger = logging.getLogger(__name__)
-
 # Per-process metrics whose global value is the sum over processes, not the mean.
 SUMMED_METRICS = ("dynamic_sampling/filtered_groups", "generation/tokens_per_s")
-
-
-def launched_without_accelerators() -> bool:
-    """True in a process of a multi-process launch on a machine with no GPU (or other device).
-
-    `accelerate launch --cpu` starts several CPU processes only through mpirun; `accelerate launch
-    --multi_gpu` and `torchrun` start them on any machine, but accelerate then sees no GPU and
-    runs each process as a separate one-process job (N runs writing the same files). GRPOConfig
-    turns on `use_cpu` in this case, which selects accelerate's MULTI_CPU mode (gloo).
-    """
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return False
-    return torch.accelerator.current_accelerator() is None
 
 
 def _world(accelerator) -> int:
@@ -106,6 +92,11 @@ def mean_over_processes(accelerator, value: float) -> float:
     total = torch.tensor([float(value)], dtype=torch.float64, device=accelerator.device)
     torch.distributed.all_reduce(total)
     return float(total.item()) / world
+
+
+def any_process(accelerator, flag: bool) -> bool:
+    """True when `flag` is True on at least one process. A collective (when several)."""
+    return mean_over_processes(accelerator, float(flag)) > 0
 
 
 # --- errors --------------------------------------------------------------------------------------
@@ -234,21 +225,39 @@ def shares_prefix(accelerator, requested: bool) -> bool:
 
 
 # --- sharded parameters ---------------------------------------------------------------------------
+ZERO3_REFUSED = (
+    "DeepSpeed ZeRO-3 shards the parameters, so every generation step would be a collective and "
+    "processes that stop decoding at different steps would hang; use "
+    "recipes/accelerate/fsdp2_lora.yaml (or fsdp2_full.yaml) or ZeRO-2 instead."
+)
+
+
+def _zero_stage(deepspeed: Any) -> int:
+    """The ZeRO stage of a `TrainingArguments.deepspeed` value (a dict or a JSON file)."""
+    if isinstance(deepspeed, str) and os.path.isfile(deepspeed):
+        with open(deepspeed) as fh:
+            deepspeed = json.load(fh)
+    stage = (
+        (deepspeed or {}).get("zero_optimization", {}).get("stage", 0)
+        if isinstance(deepspeed, dict)
+        else 0
+    )
+    return int(stage) if str(stage).isdigit() else 0
+
+
+def check_launch(args: Any) -> None:
+    """Before anything loads: refuse ZeRO-3, from `accelerate launch`'s environment or from
+    `args.deepspeed`."""
+    launched = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "") == "3"
+    if launched or _zero_stage(getattr(args, "deepspeed", None)) == 3:
+        raise ValueError(ZERO3_REFUSED)
+
+
 def check_backend(accelerator) -> None:
     """Refuse a backend whose forward passes are collectives we cannot gather out of (ZeRO-3)."""
     plugin = getattr(accelerator.state, "deepspeed_plugin", None)
     if plugin is not None and getattr(plugin, "zero_stage", 0) == 3:
-        raise ValueError(
-            "DeepSpeed ZeRO-3 shards the parameters, so every generation step would be a "
-            "collective and processes that stop decoding at different steps would hang; use "
-            "recipes/accelerate/fsdp2_lora.yaml (or fsdp2_full.yaml) or ZeRO-2 instead."
-        )
-
-
-def _fsdp2_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    from torch.distributed.fsdp import FSDPModule
-
-    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+        raise ValueError(ZERO3_REFUSED)
 
 
 @contextmanager
@@ -264,25 +273,5 @@ def full_parameters(accelerator, model: torch.nn.Module) -> Iterator[torch.nn.Mo
     if not getattr(accelerator, "is_fsdp2", False):
         yield model
         return
-    modules = _fsdp2_modules(model)
-    if not modules:  # not wrapped yet (before the Trainer's first prepare): nothing is sharded
+    with fsdp2_parameters_held(model):
         yield model
-        return
-    # torch 2.13 FSDP2 internals. Generation calls the transformers model inside the peft root,
-    # so the root must be initialised first (else the first layer would make itself the root),
-    # and the post-forward mesh of each group says whether it reshards after a forward.
-    modules[0]._get_fsdp_state()._lazy_init()
-    saved = [
-        [group.post_forward_mesh_info for group in m._get_fsdp_state()._fsdp_param_groups]
-        for m in modules
-    ]
-    for m in modules:
-        m.set_reshard_after_forward(False, recurse=False)
-        m.unshard()
-    try:
-        yield model
-    finally:
-        for m, infos in zip(modules, saved):
-            for group, info in zip(m._get_fsdp_state()._fsdp_param_groups, infos):
-                group.post_forward_mesh_info = info
-            m.reshard()

@@ -42,7 +42,7 @@ from ..rollout.dynamic_sampling import informative_groups
 from ..rollout.noise import KeyedNoise
 from ..rollout.prompts import sample_groups
 from ..rollout.types import Rollout, SamplingParams
-from .distributed import contiguous_share, full_parameters, gather_objects
+from .distributed import contiguous_share, failures_shared, full_parameters, gather_objects
 from .eval_setup import best_metric_key, check_eval_datasets, check_metrics_result, prefixed
 from .evaluation import pass_at_k
 from .metrics import nanstd
@@ -230,8 +230,8 @@ class SetEvaluator:
             world, rank = accelerator.num_processes, accelerator.process_index
             offset, stop = contiguous_share(len(dataset), world, rank)
             dataset = dataset.select(range(offset, stop))
-        with full_parameters(accelerator, self.model):
-            totals = self._run_chunks(dataset, offset)
+        with full_parameters(accelerator, self.model), failures_shared(accelerator):
+            totals = self._run_chunks(dataset, offset)  # a reward raising stops every process
         if sharded:
             parts = gather_objects(accelerator, totals)
             totals = _Totals()
@@ -257,12 +257,14 @@ class SetEvaluator:
             for rows in _chunks(dataset, max(1, a.per_device_eval_batch_size // self.k)):
                 greedy = self._sample(rows, greedy_params, 1)
                 if self.k == 1:
-                    scored = score_rollout(greedy, t.reward_funcs, t.reward_weights)
+                    scored = score_rollout(
+                        greedy, t.reward_funcs, t.reward_weights, t.rewards.checks
+                    )
                 else:
-                    score_rollout(greedy, t.reward_funcs[:1], torch.ones(1))
+                    score_rollout(greedy, t.reward_funcs[:1], torch.ones(1), t.rewards.checks)
                     first = offset + totals.rows_seen
                     scored = self._sample(rows, a.sampling_params(), self.k, first)
-                    score_rollout(scored, t.reward_funcs, t.reward_weights)
+                    score_rollout(scored, t.reward_funcs, t.reward_weights, t.rewards.checks)
                 totals.add_greedy(greedy)
                 totals.add_scored(scored, self.k)
                 totals.count_tokens(greedy)

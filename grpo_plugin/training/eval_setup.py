@@ -17,15 +17,32 @@ from typing import Any
 EvalMetricsFn = Callable[..., dict[str, float]]
 # What every evaluation logs, before the `eval_` (or `eval_<name>_`) prefix; see eval_loop.py.
 BUILTIN_KEYS = (
-    "accuracy", "n", "loss", "reward", "reward_std", "frac_reward_zero_std",
-    "completions/mean_length", "completions/min_length", "completions/max_length",
-    "completions/clipped_ratio", "completions/mean_terminated_length",
-    "completions/min_terminated_length", "completions/max_terminated_length", "entropy",
-    "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean",
-    "clip_ratio/low_min", "clip_ratio/high_max", "num_tokens", "tools/call_frequency",
+    "accuracy",
+    "n",
+    "loss",
+    "reward",
+    "reward_std",
+    "frac_reward_zero_std",
+    "completions/mean_length",
+    "completions/min_length",
+    "completions/max_length",
+    "completions/clipped_ratio",
+    "completions/mean_terminated_length",
+    "completions/min_terminated_length",
+    "completions/max_terminated_length",
+    "entropy",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "clip_ratio/low_min",
+    "clip_ratio/high_max",
+    "num_tokens",
+    "tools/call_frequency",
     "tools/call_rate",
-    "runtime", "samples_per_second", "steps_per_second",
-)  # fmt: skip
+    "runtime",
+    "samples_per_second",
+    "steps_per_second",
+)
 
 
 # ----------------------------------------------------------------------------- the hook

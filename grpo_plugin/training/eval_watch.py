@@ -143,7 +143,8 @@ class RewardHackingCallback(TrainerCallback):
         )
         if divergence is not None and divergence.last_step == state.global_step:
             self.warned = True
-            logger.warning(divergence.message())
+            if getattr(state, "is_world_process_zero", True):  # one warning, not one per process
+                logger.warning(divergence.message())
 
     def on_train_end(self, args, state, control, **kwargs):
         match = re.search(r"checkpoint-(\d+)$", str(state.best_model_checkpoint or "").rstrip("/"))

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from datasets import Dataset
@@ -45,69 +47,65 @@ def _is_correct(reward: float, threshold: float) -> bool:
     return not math.isnan(reward) and reward >= threshold
 
 
-def _score_batches(
-    model,
-    tokenizer,
-    dataset: Dataset,
-    reward_fn: RewardFn,
-    sampling: SamplingParams,
-    *,
-    num_return: int,
-    batch_size: int,
-    seed: int = 0,
-    offset: int = 0,
-    tools=None,
-    calls: list[int] | None = None,
-) -> list[list[float]]:
-    """Per prompt, the rewards (NaN = not scored) of its `num_return` completions. Samples are
-    keyed on (seed, the prompt's index in the whole set = `offset` + its index here). With
-    `tools`, each completion's tool-call count is appended to `calls`."""
-    prompts_per_batch = max(1, batch_size // num_return)
-    per_prompt: list[list[float]] = []
-    for start in range(0, len(dataset), prompts_per_batch):
-        stop = min(start + prompts_per_batch, len(dataset))
-        rows = [dataset[i] for i in range(start, stop)]
-        noise = None
-        if not sampling.greedy:
-            indices = range(offset + start, offset + stop)
-            noise = KeyedNoise.for_evaluation(seed, indices, num_return, sampling.max_new_tokens)
-        rollout = sample_groups(
-            model, tokenizer, rows, sampling, num_generations=num_return, noise=noise, tools=tools
-        )
-        rewards = score_rollout(rollout, [reward_fn], torch.ones(1)).rewards
-        if calls is not None and rollout.batch.tool_calls is not None:
-            calls += rollout.batch.tool_calls.tolist()
-        per_prompt += rewards.view(len(rows), num_return).tolist()
-    return per_prompt
+@dataclass(frozen=True)
+class _Scorer:
+    """What scoring a held-out set needs, fixed for one `evaluate` call."""
 
+    model: Any
+    tokenizer: Any
+    reward_fn: RewardFn
+    max_new_tokens: int
+    temperature: float
+    num_samples: int | None  # completions sampled per prompt for pass@k; None: greedy only
+    batch_size: int  # sequences generated at once
+    seed: int = 0
+    max_prompt_length: int | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: Any = None  # a rollout.multiturn.ToolSetup: the completions may call tools
 
-def _score_prompts(
-    model, tokenizer, dataset, reward_fn, *, k, num_samples, max_new_tokens, batch_size,
-    temperature, seed, offset=0, tools=None, calls=None,
-) -> tuple[list[float], list[list[float]] | None]:  # fmt: skip
-    """Per prompt: the greedy reward, and the rewards of `num_samples` samples (None when k=0);
-    the greedy completions' tool-call counts go to `calls`."""
-    greedy_params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
-    greedy = _score_batches(
-        model, tokenizer, dataset, reward_fn, greedy_params, num_return=1, batch_size=batch_size,
-        tools=tools, calls=calls,
-    )  # fmt: skip
-    if not k:
-        return [r[0] for r in greedy], None
-    sampled_params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
-    sampled = _score_batches(
-        model,
-        tokenizer,
-        dataset,
-        reward_fn,
-        sampled_params,
-        num_return=num_samples,
-        batch_size=batch_size,
-        seed=seed,
-        offset=offset,
-        tools=tools,
-    )
-    return [r[0] for r in greedy], sampled
+    def batches(self, dataset: Dataset, sampling: SamplingParams, num_return: int, offset: int):
+        """Per prompt, the rewards (NaN = not scored) of its `num_return` completions, and each
+        completion's tool calls (empty without tools). Samples are keyed on (seed, the prompt's
+        index in the whole set = `offset` + its index here)."""
+        prompts_per_batch = max(1, self.batch_size // num_return)
+        per_prompt: list[list[float]] = []
+        calls: list[int] = []
+        for start in range(0, len(dataset), prompts_per_batch):
+            stop = min(start + prompts_per_batch, len(dataset))
+            rows = [dataset[i] for i in range(start, stop)]
+            noise = None
+            if not sampling.greedy:
+                indices = range(offset + start, offset + stop)
+                noise = KeyedNoise.for_evaluation(
+                    self.seed, indices, num_return, self.max_new_tokens
+                )
+            rollout = sample_groups(
+                self.model,
+                self.tokenizer,
+                rows,
+                sampling,
+                num_generations=num_return,
+                max_prompt_length=self.max_prompt_length,
+                chat_template_kwargs=self.chat_template_kwargs,
+                noise=noise,
+                tools=self.tools,
+            )
+            rewards = score_rollout(rollout, [self.reward_fn], torch.ones(1)).rewards
+            per_prompt += rewards.view(len(rows), num_return).tolist()
+            if rollout.batch.tool_calls is not None:
+                calls += rollout.batch.tool_calls.tolist()
+        return per_prompt, calls
+
+    def score(self, dataset: Dataset, offset: int = 0):
+        """Per prompt: the greedy reward, the rewards of the samples (None: greedy only), and the
+        greedy completions' tool calls."""
+        greedy_params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0)
+        greedy, calls = self.batches(dataset, greedy_params, 1, offset)
+        greedy = [r[0] for r in greedy]
+        if not self.num_samples:
+            return greedy, None, calls
+        sampled = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature)
+        return greedy, self.batches(dataset, sampled, self.num_samples, offset)[0], calls
 
 
 def _summarize(rewards, sampled, *, k, num_samples, success_threshold) -> dict[str, float | int]:
@@ -123,28 +121,24 @@ def _summarize(rewards, sampled, *, k, num_samples, success_threshold) -> dict[s
     return result
 
 
-def _score_sharded(accelerator, model, tokenizer, dataset, reward_fn, **kwargs):
+def _score_sharded(accelerator, scorer: _Scorer, dataset: Dataset):
     """Each process scores its contiguous shard of the prompts; the per-prompt results of all
-    processes are gathered in dataset order (the same on every process)."""
-    from .distributed import contiguous_share, full_parameters, gather_objects
+    processes are gathered in dataset order (the same on every process). A reward that raises on
+    one process stops every process with its error (no collective inside the local phase)."""
+    from .distributed import contiguous_share, failures_shared, full_parameters, gather_objects
 
     start, stop = contiguous_share(
         len(dataset), accelerator.num_processes, accelerator.process_index
     )
     shard = dataset.select(range(start, stop))
-    calls_sink, calls, local = kwargs.pop("calls", None), [], None
-    with full_parameters(accelerator, model):
+    local = None
+    with full_parameters(accelerator, scorer.model), failures_shared(accelerator):
         if len(shard):
-            greedy, sampled = _score_prompts(
-                model, tokenizer, shard, reward_fn, offset=start, calls=calls, **kwargs
-            )
-            local = (greedy, sampled, calls)
+            local = scorer.score(shard, offset=start)
     parts = [part for part in gather_objects(accelerator, local) if part is not None]
     rewards = [r for greedy, _, _ in parts for r in greedy]
-    sampled = None if not kwargs["k"] else [row for _, rows, _ in parts for row in rows]
-    if calls_sink is not None:
-        calls_sink += [c for _, _, counts in parts for c in counts]
-    return rewards, sampled
+    sampled = None if not scorer.num_samples else [row for _, rows, _ in parts for row in rows]
+    return rewards, sampled, [c for _, _, calls in parts for c in calls]
 
 
 def evaluate(
@@ -161,7 +155,9 @@ def evaluate(
     success_threshold: float = 1.0,
     seed: int = 0,
     accelerator=None,
-    tools=None,
+    max_prompt_length: int | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
+    tools: Any = None,
 ) -> dict[str, float | int]:
     """Greedy accuracy and pass@k of `model` on `dataset` (needs a `prompt` column).
 
@@ -173,8 +169,9 @@ def evaluate(
     when k is a positive int). pass@k uses `num_samples` (default k, must be >= k) samples per
     prompt at `temperature`, drawn from draws keyed on (`seed`, the prompt's index in `dataset`),
     so they do not depend on `batch_size` or on sharding (the global RNG is not touched);
-    `batch_size` bounds the number of sequences generated at once. The model's train/eval mode is
-    left as it was.
+    `batch_size` bounds the number of sequences generated at once. Prompts are encoded as in
+    training (`max_prompt_length`, `chat_template_kwargs`). The model's train/eval mode is left as
+    it was.
 
     With an `accelerator` of several processes (every process calls this), each process scores
     a contiguous share of the prompts and the results are gathered: every number equals the
@@ -189,19 +186,26 @@ def evaluate(
     num_samples = num_samples or k
     if k and num_samples < k:
         raise ValueError(f"num_samples={num_samples} must be >= k={k} for pass@k")
-    options = dict(k=k, num_samples=num_samples, max_new_tokens=max_new_tokens)
-    options.update(batch_size=batch_size, temperature=temperature, seed=seed, tools=tools)
-    calls: list[int] = []
-    options["calls"] = calls
+    scorer = _Scorer(
+        model,
+        tokenizer,
+        reward_fn,
+        max_new_tokens,
+        temperature,
+        num_samples if k else None,
+        batch_size,
+        seed,
+        max_prompt_length,
+        chat_template_kwargs,
+        tools,
+    )
     was_training = model.training
     model.eval()
     try:
         if accelerator is not None and accelerator.num_processes > 1:
-            rewards, sampled = _score_sharded(
-                accelerator, model, tokenizer, dataset, reward_fn, **options
-            )
+            rewards, sampled, calls = _score_sharded(accelerator, scorer, dataset)
         else:
-            rewards, sampled = _score_prompts(model, tokenizer, dataset, reward_fn, **options)
+            rewards, sampled, calls = scorer.score(dataset)
     finally:
         model.train(was_training)
     result = _summarize(

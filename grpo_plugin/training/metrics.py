@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -9,6 +10,8 @@ import torch
 
 from ..rollout.dynamic_sampling import informative_groups
 from ..rollout.types import Rollout
+
+logger = logging.getLogger(__name__)
 
 
 def nanstd(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -102,6 +105,24 @@ class MetricsWindow:
         self.values.clear()
         self.last_logged_step = global_step
         return out
+
+
+class ZeroStdWatch:
+    """Warns once `patience` rollouts in a row had zero reward std in every group."""
+
+    def __init__(self, patience: int) -> None:
+        self.patience, self.streak = patience, 0
+
+    def update(self, frac_zero_std: float, speak: bool = True) -> None:
+        self.streak = self.streak + 1 if frac_zero_std >= 1.0 else 0
+        if self.streak == self.patience and speak:
+            logger.warning(
+                "For %d rollouts in a row every group's G rewards were identical, so every "
+                "advantage and the policy loss are 0 and nothing is learned. The task is too hard "
+                "or too easy for the model: raise num_generations or temperature, use an easier "
+                "or partial-credit reward, or enable dynamic_sampling.",
+                self.streak,
+            )
 
 
 def format_completions(records: dict[str, list], limit: int, unique_prompts: bool = False) -> str:

@@ -12,6 +12,7 @@ import contextlib
 import copy
 import types
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -119,6 +120,13 @@ def trainer_init_kwargs(model: Any, args: Any, quantization_config: Any = None) 
 def load_model(name: str, init_kwargs: dict[str, Any] | None = None) -> PreTrainedModel:
     """`AutoModelForCausalLM.from_pretrained` on a path, Hub id or `embedded:` name."""
     return AutoModelForCausalLM.from_pretrained(resolve_model_path(name), **(init_kwargs or {}))
+
+
+def load_adapter(model: PreTrainedModel, adapter_dir: str | Path) -> PreTrainedModel:
+    """A saved LoRA adapter (a run's output dir or checkpoint) on top of `model`."""
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(model, str(adapter_dir))
 
 
 def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:

@@ -20,7 +20,7 @@ from ..rollout.types import Rollout
 from .inputs import reward_weight_tensor
 from .reward_context import RewardContext, warn_if_unscored
 from .reward_models import is_reward_model, place_reward_models, resolve_reward_funcs
-from .scoring import score_rollout
+from .scoring import RewardChecks, score_rollout
 
 
 @dataclass
@@ -32,6 +32,7 @@ class RewardSources:
     weights: torch.Tensor  # (F,)
     processing_classes: list[Any]  # each reward model's tokenizer, None for a function
     context: RewardContext  # trainer_state, log_extra, log_metric
+    checks: RewardChecks = RewardChecks()  # time limit per call, NaN policy
 
     @classmethod
     def resolve(
@@ -57,6 +58,7 @@ class RewardSources:
             weights=torch.cat([weights, torch.ones(len(extra))]),
             processing_classes=[getattr(f, "tokenizer", None) for f in funcs],
             context=context,
+            checks=RewardChecks(args.reward_timeout, args.nan_rewards_as_unscored),
         )
 
     def place(self, device: torch.device | str, chat_template_kwargs: dict | None) -> None:
@@ -66,7 +68,7 @@ class RewardSources:
     def score(self, rollout: Rollout) -> Rollout:
         """Fill `rollout.per_func` `(N, F)` and `rollout.rewards` `(N,)`; warn about completions no
         function scored (their advantage is 0)."""
-        score_rollout(rollout, self.funcs, self.weights)
+        score_rollout(rollout, self.funcs, self.weights, self.checks)
         warn_if_unscored(rollout)
         return rollout
 

@@ -41,6 +41,18 @@ RECIPE_FILE = "recipe.yaml"
 CURVE_FILE = "reward_curve.png"
 CARD_FILE = "README.md"
 ENTROPY_STATE_FILE = "entropy_ctrl_state.json"  # in checkpoint-N/, TRL's name
+# Files that show a directory holds a run (with the checkpoint-N folders), and everything a run
+# writes at the top level (what `overwrite_output_dir` deletes; tokenizer files are rewritten).
+RUN_MARKERS = (METRICS_FILE, RUN_INFO_FILE, COMPLETIONS_DIR, EVAL_FILE)
+RUN_OUTPUTS = RUN_MARKERS + (
+    RECIPE_FILE,
+    CURVE_FILE,
+    CARD_FILE,
+    "adapter_model.safetensors",
+    "adapter_config.json",
+    "model.safetensors",
+    "model.safetensors.index.json",
+)
 
 
 def completions_file(output_dir: str | Path, step: int) -> Path:
@@ -86,6 +98,29 @@ def append_metrics(output_dir: str | Path, step: int, logs: dict[str, Any]) -> N
     record = {"step": step, **{k: _finite(v) for k, v in logs.items()}}
     with path.open("a") as fh:
         fh.write(json.dumps(record) + "\n")
+
+
+def cut_back_to_step(output_dir: str | Path, step: int) -> None:
+    """Make the run dir show steps 1..`step` only (a resume from checkpoint-`step`): later
+    `metrics.jsonl` lines and the end-of-training summary go, and so do the completion tables of
+    rollouts sampled at step >= `step` (a table is named by the step its rollout started from)."""
+    path = Path(output_dir) / METRICS_FILE
+    if path.is_file():
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by the kill
+            if row.get("step", 0) < step or (
+                row.get("step") == step and "train_runtime" not in row
+            ):
+                kept.append(line)
+        write_text_atomic(path, "".join(f"{line}\n" for line in kept))
+    tables = Path(output_dir) / COMPLETIONS_DIR
+    for table in tables.glob("step_*.parquet") if tables.is_dir() else ():
+        if int(table.stem.split("_")[1]) >= step:
+            table.unlink()
 
 
 def read_metrics(output_dir: str | Path) -> list[dict[str, Any]]:
@@ -201,8 +236,11 @@ __all__ = [
     "METRICS_FILE",
     "RECIPE_FILE",
     "RUN_INFO_FILE",
+    "RUN_MARKERS",
+    "RUN_OUTPUTS",
     "append_metrics",
     "completions_file",
+    "cut_back_to_step",
     "load_run_info",
     "read_json",
     "read_metrics",

@@ -22,7 +22,6 @@ and the sample.
 from __future__ import annotations
 
 import copy
-import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -43,9 +42,8 @@ from ..core.logprobs import completion_logprobs
 from ..rollout.dynamic_sampling import refill
 from ..rollout.noise import KeyedNoise, RolloutKey
 from ..rollout.types import Rollout, TrainingBatch
-from . import completions_log, distributed, rundir, streaming
+from . import completions_log, distributed, guards, lifecycle, run_lock, rundir, streaming
 from .callbacks import (
-    EntropyStateCallback,
     MetricsJsonlCallback,
     RichProgressCallback,
     SyncRefModelCallback,
@@ -53,15 +51,14 @@ from .callbacks import (
 from .config import GRPOConfig
 from .config_trl import warn_on_loss_combinations
 from .eval_setup import (
-    check_eval_datasets,
     check_eval_setup,
     eval_set_names,
     prefixed,
     resolve_eval_metrics,
 )
 from .eval_watch import RewardHackingCallback
-from .inputs import check_prompt_dataset
-from .metrics import MetricsWindow, reward_metrics
+from .inputs import check_inputs, check_prompt_lengths_of
+from .metrics import MetricsWindow, ZeroStdWatch, reward_metrics
 from .objective import TrainingObjective, rollout_advantages
 from .policy import (
     build_reference,
@@ -74,8 +71,6 @@ from .reward_context import RewardContext
 from .rewards import RewardSources
 from .sampling import RolloutSampler
 from .tool_setup import ToolInputs
-
-logger = logging.getLogger(__name__)
 
 
 class GRPOTrainer(Trainer):
@@ -111,10 +106,9 @@ class GRPOTrainer(Trainer):
             raise TypeError(f"args must be a grpo_plugin.GRPOConfig, got {type(args).__name__}.")
         # Cheap checks first: nothing is loaded before the inputs are known to be usable.
         tool_inputs = ToolInputs.check(tools, rollout_func, environment_factory)
-        train_dataset = check_prompt_dataset(train_dataset, "train_dataset")
+        train_dataset, eval_dataset = check_inputs(model, args, train_dataset, eval_dataset)
         tool_inputs.check_dataset(train_dataset)
-        eval_dataset = check_eval_datasets(eval_dataset)
-        streaming.check_streamed_training(train_dataset, args)
+        self._previous_run_files = run_lock.previous_run_files(args.output_dir)  # before any write
         init_kwargs = trainer_init_kwargs(model, args, quantization_config)
         context = RewardContext.of(self)  # trainer_state, log_extra and log_metric for rewards
         extra = tool_inputs.reward_functions()  # environments' get_reward, as in TRL
@@ -135,6 +129,7 @@ class GRPOTrainer(Trainer):
         model, processing_class = load_trainer_policy(
             model, processing_class, peft_config, args, init_kwargs, self.model_name
         )
+        check_prompt_lengths_of(train_dataset, processing_class, model.config, args)
         self.ref_model = build_reference(model, args.beta)
         self.tool_setup = tool_inputs.setup(processing_class, args)  # the template is checked
         self.tools, self.rollout_func = [t.fn for t in tool_inputs.tools], rollout_func
@@ -161,9 +156,10 @@ class GRPOTrainer(Trainer):
         self._buffer: TrainingBatch | None = None
         self._metrics = MetricsWindow()
         self._seen_step, self._micro = -1, 0
-        self._zero_std_streak = 0
+        self._zero_std = ZeroStdWatch(args.zero_std_patience)
         self._loss_tokens_per_slice = 1.0  # dapo's normaliser for the current rollout
         self._rollout_key = RolloutKey(args.seed, 0)  # keys every random draw of a rollout
+        self._staging_dir: str | None = None  # where a checkpoint is being written (lifecycle.py)
         self._share_group = shared_group_size(
             args.num_generations, args.per_device_train_batch_size
         )
@@ -172,7 +168,6 @@ class GRPOTrainer(Trainer):
         """The loss's extras (entropy, MoE router loss; state saved with checkpoints), reward
         models on the policy's device, TR-DPO reference syncing, TRL's warnings."""
         self._objective = TrainingObjective.for_model(args, self.model, self.accelerator)
-        self.add_callback(EntropyStateCallback(self._objective))
         self.rewards.place(self.args.device, args.chat_template_kwargs)
         if args.sync_ref_model:
             self.add_callback(
@@ -269,18 +264,7 @@ class GRPOTrainer(Trainer):
         rollout, _ = distributed.gather_rollout(self.accelerator, rollout, pad_id)
         metrics = reward_metrics(rollout, self.reward_names)  # over every process's completions
         self._metrics.update(metrics)
-        self._warn_on_zero_std(metrics["frac_reward_zero_std"])
-
-    def _warn_on_zero_std(self, frac_zero: float) -> None:
-        self._zero_std_streak = self._zero_std_streak + 1 if frac_zero >= 1.0 else 0
-        if self._zero_std_streak == self.args.zero_std_patience and self.is_world_process_zero():
-            logger.warning(
-                "For %d rollouts in a row every group's G rewards were identical, so every advantage "
-                "and the policy loss are 0 and nothing is learned. The task is too hard or too easy "
-                "for the model: raise num_generations or temperature, use an easier or partial-credit "
-                "reward, or enable dynamic_sampling.",
-                self._zero_std_streak,
-            )
+        self._zero_std.update(metrics["frac_reward_zero_std"], self.is_world_process_zero())
 
     def _refill(self, rollout: Rollout) -> Rollout:
         a, rounds = self.args, iter(range(1, self.args.max_resample_rounds + 1))
@@ -299,6 +283,7 @@ class GRPOTrainer(Trainer):
     def _training_batch(self, rollout: Rollout) -> TrainingBatch:
         a, b = self.args, rollout.batch
         advantages = rollout_advantages(rollout, a, self.reward_weights)  # (N,)
+        guards.check_advantages(advantages, rollout.rewards, self.state.global_step)
         loss_mask = b.model_mask.clone()  # (N, Tc) sampled tokens only: no tool results
         if a.mask_truncated_completions:
             loss_mask[b.is_truncated] = 0
@@ -378,6 +363,7 @@ class GRPOTrainer(Trainer):
         loss, metrics = self._objective(
             logps, entropy, inputs, self._loss_tokens_per_slice, *aux, training=model.training
         )
+        guards.check_loss(loss, self.state.global_step)
         if model.training and self.accelerator.sync_gradients:
             metrics.update(self._objective.end_optimizer_step())
         self._metrics.update(metrics)
@@ -396,9 +382,29 @@ class GRPOTrainer(Trainer):
 
         return evaluate_trainer(self, eval_dataset, metric_key_prefix)
 
+    # --- the run: resume, signals, atomic checkpoints (lifecycle.py) ----------------------------
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs):
+        """`Trainer.train`, plus: the output dir locked (one run at a time, no silent rerun
+        mixing), an exact resume (`True`: the newest complete checkpoint), and SIGTERM or a first
+        Ctrl-C saving a checkpoint before `TrainingInterrupted` is raised."""
+        return lifecycle.train(self, super().train, resume_from_checkpoint, trial=trial, **kwargs)
+
+    def _get_output_dir(self, trial) -> str:
+        return self._staging_dir or super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        base_save = super()._save_checkpoint
+        lifecycle.save_checkpoint(self, lambda: base_save(model, trial), self.args.output_dir)
+
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         super()._load_optimizer_and_scheduler(checkpoint)
         self._objective.load_state(checkpoint)  # the adaptive entropy coefficient, as TRL
+        lifecycle.restore_trainer_state(self, checkpoint)
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        grad_norm = super()._get_grad_norm(model, grad_norm)
+        guards.check_grad_norm(grad_norm, self.state.global_step)
+        return grad_norm
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         super().save_model(output_dir, _internal_call)
@@ -423,21 +429,10 @@ class GRPOTrainer(Trainer):
         return summary
 
     def push_to_hub(self, repo_id: str | None = None, *, token: str | None = None, **kwargs) -> str:
-        """Save, plot, write the model card and publish the output dir as one commit.
+        """Save, plot, write the model card and publish the output dir as one commit (`kwargs`:
+        private, merge, revision, commit_message, ...: `app.hub.publish`)."""
+        from ..app.hub import publish_trainer
 
-        `kwargs` go to `grpo_plugin.app.hub.publish` (private, merge, revision, commit_message,
-        ...); the card is the same one `grpo-plugin publish` uploads.
-        """
-        from ..app.card import write_model_card
-        from ..app.hub import publish
-        from ..app.plot import plot_reward_curve
-
-        repo_id = repo_id or self.args.hub_model_id
-        if not repo_id:
-            raise ValueError("push_to_hub needs repo_id='user/name' (or GRPOConfig.hub_model_id).")
-        out = Path(self.args.output_dir)
-        self.save_model(str(out))
-        if (out / rundir.METRICS_FILE).exists():
-            plot_reward_curve(out)
-        write_model_card(out)
-        return publish(out, repo_id, token=token or self._hub_token, **kwargs)
+        return publish_trainer(
+            self, repo_id or self.args.hub_model_id, token or self._hub_token, **kwargs
+        )

@@ -100,7 +100,8 @@ def test_model_card_metadata(run_dir):
 
 @pytest.mark.slow
 def test_recipe_copy_reruns_the_same_run(run_dir):
-    from grpo_plugin.app.recipe import check_recipe, load_recipe
+    from grpo_plugin.app.recipe import load_recipe
+    from grpo_plugin.app.recipe_checks import check_recipe
 
     recipe = load_recipe(run_dir / "recipe.yaml")
     check_recipe(recipe)

@@ -10,7 +10,7 @@ import pytest
 from huggingface_hub import ModelCard
 
 from grpo_plugin import cli, run_recipe
-from grpo_plugin.app import pipeline
+from grpo_plugin.app import pipeline, preflight
 from grpo_plugin.app.data import arithmetic_dataset
 from grpo_plugin.app.recipe_library import builtin_recipes, find_recipe, purpose
 from grpo_plugin.training.eval_curve import wilson_interval
@@ -42,7 +42,7 @@ def test_cli_names_hub_datasets_in_the_run_summary_and_the_card(
         loaded.append(spec)
         return arithmetic_dataset(8, 4)
 
-    monkeypatch.setattr(pipeline, "load_prompt_datasets", local_stand_in)
+    monkeypatch.setattr(preflight, "load_prompt_datasets", local_stand_in)
     path, out = write_recipe(tmp_path, tiny_model_dir, dataset="{name: gsm8k}")
     assert cli.main(["train", str(path)]) == 0
     assert loaded == [{"name": "gsm8k"}]

@@ -9,13 +9,8 @@ import yaml
 from conftest import GSM8K_DIR, REPO_ROOT
 
 from grpo_plugin.app.data import load_prompt_datasets
-from grpo_plugin.app.recipe import (
-    RecipeError,
-    build_recipe,
-    check_recipe,
-    load_recipe,
-    required_columns,
-)
+from grpo_plugin.app.recipe import RecipeError, build_recipe, load_recipe
+from grpo_plugin.app.recipe_checks import check_recipe, required_columns
 
 ROOT = REPO_ROOT
 ACCELERATE = ROOT / "recipes" / "accelerate"  # launcher configs, not recipes (test_distributed.py)

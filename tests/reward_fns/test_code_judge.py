@@ -178,8 +178,15 @@ def test_export_claims_bind_only_public_stdlib_objects():
     it cannot make the judge call a builtin or a private function with the tests' arguments."""
     tests = "assert add(1, 2) == 3"
     assert judge_with_exports({"add": {"g": ["operator", "add"]}}, tests) == [True]
-    for claim in (["builtins", "max"], ["sys", "_getframe"], ["operator", "__add__"], ["x", "y"]):
+    refused = (["builtins", "max"], ["sys", "_getframe"], ["operator", "__add__"], ["x", "y"],
+               ["unittest.mock", "ANY"], ["sys", "modules.get"])  # fmt: skip
+    for claim in refused:  # ANY: an always-equal stdlib instance; modules.get: a bound method
         assert judge_with_exports({"add": {"g": claim}}, "assert 'add' not in globals()") == [True]
+    for claim in (["collections", "Counter"], ["posixpath", "join"], ["math", "isclose"]):
+        assert judge_with_exports({"f": {"g": claim}}, "assert callable(f)") == [True]
+    assert judge_with_exports(
+        {"ANSWER": {"g": ["unittest.mock", "ANY"]}}, "assert ANSWER == 7"
+    ) == [False]
     module_claim = {"math": {"m": "math"}, "add": {"d": [[1, 2]]}}
     assert judge_with_exports(module_claim, "assert math.sqrt(add[1]) == 2 ** 0.5") == [True]
 
@@ -208,11 +215,13 @@ FORGERIES = {
     "fake_math_module": "class math:\n    isclose = staticmethod(lambda *a, **k: True)\n"
     "def add(a, b): return 5",
     "exception_as_verdict": "def add(a, b): raise AssertionError('P')",
+    "stop_iteration_ends_the_judges_map": "def add(a, b): raise StopIteration",
 }
 FORGED_TESTS = (
     "assert add(1, 2) == 3\nassert add(1, 2) in (3, 30)\nassert not add(-4, 4)\n"
     "assert math.isclose(add(1, 2), 3)\nassert sorted(add([2], [1])) == [1, 2]\n"
-    "assert len(add('a', 'b')) == 2\nassert abs(add(1, 2) - 3) < 1e-9\nassert add(1, 2) * 2 == 6"
+    "assert len(add('a', 'b')) == 2\nassert abs(add(1, 2) - 3) < 1e-9\nassert add(1, 2) * 2 == 6\n"
+    "assert all(map(lambda p: add(*p) == sum(p), [(1, 2), (3, 4)]))"
 )
 
 
@@ -222,7 +231,7 @@ def test_forged_answers_score_zero():
     fn = reward_fns.get("code_tests", timeout_s=10.0)
     scores = fn(["p"] * len(codes), [fence(c) for c in codes], tests=[FORGED_TESTS] * len(codes))
     assert dict(zip(names, scores)) == dict.fromkeys(names, 0.0)
-    assert scores[-1] == 1.0  # the right answer passes all eight
+    assert scores[-1] == 1.0  # the right answer passes all nine
 
 
 def test_forging_the_result_descriptor_scores_zero():

@@ -249,14 +249,27 @@ def test_strict_refuses_without_a_minimal_root(monkeypatch):
         sandbox._best_level.cache_clear()
 
 
-def test_active_level_and_limits_are_logged(caplog):
-    sandbox._best_level.cache_clear()
+@pytest.mark.parametrize("isolation", ["auto", "rlimits"])
+def test_active_level_and_limits_are_logged(caplog, isolation):
+    sandbox._announced.cache_clear()
+    if isolation != "auto" and sandbox._why_not(isolation):
+        pytest.skip(f"{isolation}: {sandbox._why_not(isolation)}")
     with caplog.at_level(logging.INFO, logger="reward_fns.code"):
-        level = sandbox.isolation_level("auto")
-    message = " ".join(r.getMessage() for r in caplog.records)
-    assert f"isolation={level}" in message
+        level = sandbox.isolation_level(isolation)
+        sandbox.isolation_level(isolation)  # once per level, not once per run
+    lines = [
+        r.getMessage() for r in caplog.records if "code_tests sandbox: isolation=" in r.getMessage()
+    ]
+    assert len(lines) == 1 and f"isolation={level}" in lines[0]
     expected = sandbox_cgroup.hierarchy()
-    assert (expected.describe() if expected else "per-process rlimits only") in message
+    assert (expected.describe() if expected else "per-process rlimits only") in lines[0]
+
+
+def test_the_cli_shows_the_isolation_line():
+    import grpo_plugin.cli as cli
+
+    cli.quiet_logs()
+    assert logging.getLogger("reward_fns").getEffectiveLevel() == logging.INFO
 
 
 def test_cgroup_hierarchy_is_found_from_proc_files():
@@ -270,3 +283,13 @@ def test_cgroup_hierarchy_is_found_from_proc_files():
         1, ("/sys/fs/cgroup/memory/jobs/a", "/sys/fs/cgroup/pids")
     )
     assert sandbox_cgroup.find_hierarchy("0::/\n", "1 0 0:1 / / rw - ext4 /dev/x rw\n") is None
+
+
+def test_without_throwaway_uids_the_process_cap_adds_the_uids_own_tasks():
+    """Not root: the program shares the trainer's uid, whose threads RLIMIT_NPROC counts too."""
+    import threading
+
+    limits = sandbox.SandboxLimits(max_processes=32)
+    assert sandbox._rlimits(limits)["RLIMIT_NPROC"] == [32, 32]
+    shared = sandbox._rlimits(limits, shared_uid=True)["RLIMIT_NPROC"][0]
+    assert shared >= 32 + threading.active_count()  # at least this process's own threads

@@ -7,6 +7,8 @@ builds `GRPOTrainer`s on the tiny model and records what the tests compare, proc
   test runs the same `train_and_record` on one process with 16. OUT/PHASE/ gets the adapter, the
   gathered completions and `grad.pt` (the first step's gradient, as the optimizer sees it).
 - `equal-stream`: the same on a streamed (`IterableDataset`) training set, read in order.
+- `equal-ga`: dapo with 4 completions per micro-step and 2 accumulation steps per process (the
+  global rollout and its token normaliser span processes and accumulation steps).
 - `equal-trl`: the same with TRL 1.16 options whose normalisation spans processes (`TRL_OPTIONS`:
   bnpo, the entropy quantile and bonus) and a reward model next to a reward that calls
   `log_extra` and `log_metric`.
@@ -15,6 +17,8 @@ builds `GRPOTrainer`s on the tiny model and records what the tests compare, proc
   and process 1's do not (it never refills) -> OUT/dynamic/calls_rank{k}.json.
 - `error`: process 1's reward raises at the second rollout; each process writes the exception
   it stopped with -> OUT/error_rank{k}.json.
+- `eval-error`: the same while evaluating (the recipes' `evaluate` and `GRPOTrainer.evaluate`)
+  -> OUT/eval-error/{function,trainer}_rank{k}.json.
 - `fsdp2`: one LoRA policy step on torch's FSDP2 (sharded sampling + backward) -> OUT/fsdp2/.
 - `cli=RECIPE`: `grpo-plugin train RECIPE` (what `python -m grpo_plugin` runs) -> its output dir,
   and each process's stdout in OUT/cli/stdout_rank{k}.txt.
@@ -200,6 +204,35 @@ def error(out: Path) -> None:
     (out / f"error_rank{RANK}.json").write_text(json.dumps(report))
 
 
+def fails_on_process_1(prompts, completions, **kwargs):
+    if RANK == 1:
+        raise ValueError("deliberate evaluation failure")
+    return [1.0] * len(completions)
+
+
+def _report(run) -> dict:
+    try:
+        run()
+        return {"type": None}
+    except Exception as err:
+        return {"type": type(err).__name__, "message": str(err), "notes": err.__notes__}
+
+
+def eval_error(out: Path) -> None:
+    from grpo_plugin.training.evaluation import evaluate
+
+    trainer = tiny_trainer(out / "run", 8, reward=fails_on_process_1)
+    model, data = trainer.accelerator.unwrap_model(trainer.model), trainer.train_dataset
+    reports = {
+        "function": _report(lambda: evaluate(model, trainer.processing_class, data.select(range(4)),
+                                             fails_on_process_1, k=0, max_new_tokens=4,
+                                             accelerator=trainer.accelerator)),
+        "trainer": _report(lambda: trainer.evaluate(data.select(range(4)))),
+    }  # fmt: skip
+    for name, report in reports.items():
+        (out / f"{name}_rank{RANK}.json").write_text(json.dumps(report))
+
+
 def sharded_policy_step(model, tokenizer, prompt_index: int, accelerator=None, rounds: int = 1):
     """Sample G=8 completions of global prompt `prompt_index` (keyed draws) `rounds` times, as a
     dynamic-sampling refill would, then backpropagate their summed log-probs through the policy
@@ -283,12 +316,15 @@ def main(out: Path, phases: list[str]) -> None:
             train_and_record(out / phase, "bnpo", per_device=8, **trl_options())
         elif phase == "equal-stream":
             train_and_record(out / phase, "dapo", per_device=8, **streamed())
+        elif phase == "equal-ga":
+            train_and_record(out / phase, "dapo", per_device=4, gradient_accumulation_steps=2)
         elif phase.startswith("equal-"):
             train_and_record(out / phase, phase.removeprefix("equal-"), per_device=8)
         elif phase == "cli":
             cli(out / phase, arg)
         else:
             phases = {"eval": sharded_eval, "dynamic": dynamic, "error": error, "fsdp2": fsdp2}
+            phases["eval-error"] = eval_error
             phases[phase](out / phase)
 
 

@@ -30,7 +30,7 @@ def test_generation_batch_is_derived_like_trl(tmp_path):
     [
         ({"num_generations": 1}, "at least 2"),
         ({"per_device_train_batch_size": 12}, "not divisible by num_generations=8"),
-        ({"loss_type": "ppo"}, "loss_type='ppo' is not supported; use one of grpo, dapo"),
+        ({"loss_type": "ppo"}, "loss_type must be one of 'grpo', 'dapo'"),
         ({"importance_sampling_level": "seq"}, "importance_sampling_level"),
         ({"advantage_estimator": "ppo"}, "advantage_estimator='ppo'"),
         ({"scale_rewards": "max"}, "scale_rewards"),

@@ -10,6 +10,7 @@ from accelerate.data_loader import BatchSamplerShard
 from conftest import REPO_ROOT
 from torch.utils.data import BatchSampler
 
+from grpo_plugin._compat import launched_without_accelerators
 from grpo_plugin.core.batching import PromptBatchSampler
 from grpo_plugin.training import distributed
 
@@ -85,11 +86,22 @@ def test_zero3_is_refused_with_the_fix():
     distributed.check_backend(zero2)
 
 
+def test_zero3_is_refused_before_the_model_loads(monkeypatch, tmp_path):
+    with pytest.raises(ValueError, match="ZeRO-3 shards the parameters"):
+        distributed.check_launch(SimpleNamespace(deepspeed={"zero_optimization": {"stage": 3}}))
+    config = tmp_path / "ds.json"
+    config.write_text('{"zero_optimization": {"stage": 2}}')
+    distributed.check_launch(SimpleNamespace(deepspeed=str(config)))  # ZeRO-2 is fine
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")  # set by `accelerate launch`
+    with pytest.raises(ValueError, match="fsdp2_lora.yaml"):
+        distributed.check_launch(SimpleNamespace(deepspeed=None))
+
+
 def test_a_cpu_only_multi_process_launch_is_detected(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert distributed.launched_without_accelerators()  # this machine has no GPU
+    assert launched_without_accelerators()  # this machine has no GPU
     monkeypatch.setenv("WORLD_SIZE", "1")
-    assert not distributed.launched_without_accelerators()
+    assert not launched_without_accelerators()
 
 
 def test_unpicklable_errors_travel_as_runtime_errors():

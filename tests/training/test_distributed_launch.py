@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 TIMEOUT_S = 400  # far above a normal run; only a hang gets there
+DDP_CONFIG = REPO_ROOT / "recipes" / "accelerate" / "ddp.yaml"
 
 
 def _free_port() -> int:
@@ -39,17 +40,11 @@ def launch(args: list[str], tmp: Path, *launch_flags: str) -> subprocess.Complet
         "HF_HOME": str(tmp / "hf-home"),  # no user accelerate config is read
         "PYTHONPATH": os.pathsep.join([str(WORKER.parent), os.environ.get("PYTHONPATH", "")]),
     }
-    # `--cpu` would start one process (accelerate's CPU launcher is mpirun); `--multi_gpu` starts
-    # two through torchrun, and GRPOConfig selects gloo when there is no GPU.
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-    ]
-    cmd += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    # The shipped DDP config (MULTI_GPU, 2 processes): `--cpu` would start one process
+    # (accelerate's CPU launcher is mpirun); torchrun starts two, and GRPOConfig selects gloo when
+    # there is no GPU.
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(DDP_CONFIG)]
+    cmd += ["--dynamo_backend", "no"]
     cmd += ["--main_process_port", str(_free_port()), *launch_flags, *args]
     proc = subprocess.Popen(
         cmd, cwd=REPO_ROOT, env=env, text=True, start_new_session=True,
@@ -87,8 +82,8 @@ def two_processes(tmp_path_factory, tiny_model_dir) -> Path:
     out = tmp_path_factory.mktemp("two-processes")
     recipe = out / "tiny.yaml"
     recipe.write_text(CLI_RECIPE.format(model=tiny_model_dir, out=out / "cli-run"))
-    phases = ["equal-grpo", "equal-dapo", "equal-trl", "equal-stream", "eval", "dynamic", "fsdp2"]
-    phases += [f"cli={recipe}", "error"]
+    phases = ["equal-grpo", "equal-dapo", "equal-ga", "equal-trl", "equal-stream", "eval"]
+    phases += ["dynamic", "fsdp2", f"cli={recipe}", "error", "eval-error"]
     proc = launch([str(WORKER), str(out), *phases], out)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out
@@ -103,13 +98,15 @@ def _flat(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat([named[name].flatten() for name in sorted(named)])
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
-def test_two_processes_train_like_one(two_processes, tmp_path, loss_type):
-    """1 process x 16 completions (2 prompts x G=8) == 2 processes x 8, for 3 LoRA steps."""
+@pytest.mark.parametrize("phase", ["grpo", "dapo", "ga"])
+def test_two_processes_train_like_one(two_processes, tmp_path, phase):
+    """1 process x 16 completions (2 prompts x G=8) == 2 processes x 8, for 3 LoRA steps (`ga`:
+    dapo, each process accumulating 2 micro-steps of 4)."""
     import pyarrow.parquet as pq
 
     worker = load_script(WORKER, "distributed_worker")
-    one, two = tmp_path / "one", two_processes / f"equal-{loss_type}"
+    loss_type = "dapo" if phase == "ga" else phase
+    one, two = tmp_path / "one", two_processes / f"equal-{phase}"
     worker.train_and_record(one, loss_type, per_device=16)
 
     first_one = pq.read_table(one / "completions" / "step_00000.parquet").to_pydict()
@@ -130,8 +127,10 @@ def test_two_processes_train_like_one(two_processes, tmp_path, loss_type):
     base = make_untrained_adapter_distance(adapter_one, tmp_path)
     adapter_diff = _relative(_flat(adapter_two), _flat(adapter_one))
     assert adapter_diff < 1e-3 < base, (adapter_diff, base)
-    print(f"{loss_type}: 1 vs 2 processes, relative difference: first gradient {grad_diff:.1e}, "
-          f"adapter after {worker.STEPS} steps {adapter_diff:.1e} (the steps moved it {base:.1e})")  # fmt: skip
+    print(
+        f"{phase}: 1 vs 2 processes, relative difference: first gradient {grad_diff:.1e}, "
+        f"adapter after {worker.STEPS} steps {adapter_diff:.1e} (the steps moved it {base:.1e})"
+    )
 
 
 def test_trl_options_and_a_reward_model_on_two_processes_train_like_one(two_processes, tmp_path):
@@ -255,6 +254,16 @@ def test_a_reward_that_raises_on_one_process_stops_both_with_its_error(two_proce
     assert reports[0]["type"] == reports[1]["type"] == "RewardFunctionError"
     assert reports[0]["message"] == reports[1]["message"]
     assert "deliberate failure" in reports[0]["message"]
+    assert any("process 1 of 2" in note for note in reports[0]["notes"])
+
+
+@pytest.mark.parametrize("where", ["function", "trainer"])
+def test_a_reward_that_raises_while_evaluating_stops_both_with_its_error(two_processes, where):
+    folder = two_processes / "eval-error"
+    reports = [json.loads((folder / f"{where}_rank{k}.json").read_text()) for k in range(2)]
+    assert reports[0]["type"] == reports[1]["type"] == "RewardFunctionError"
+    assert reports[0]["message"] == reports[1]["message"]
+    assert "deliberate evaluation failure" in reports[0]["message"]
     assert any("process 1 of 2" in note for note in reports[0]["notes"])
 
 

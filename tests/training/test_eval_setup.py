@@ -1,5 +1,5 @@
-"""Bad evaluation setups fail with one line before any model loads (the model path below does not
-exist, so reaching the loader would raise something else)."""
+"""Bad evaluation setups fail with one line before any model loads (the policy loader is replaced
+by one that fails the test)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,21 @@ from grpo_plugin.training.eval_setup import (
     resolve_eval_metrics,
 )
 
-NO_MODEL = "/nonexistent/model-that-must-not-load"
+
+@pytest.fixture
+def model_never_loads(monkeypatch, tiny_model_dir):
+    """A real model directory, whose loading fails the test."""
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the model was loaded: the check should have come first")
+
+    monkeypatch.setattr("grpo_plugin.training.trainer.load_trainer_policy", loaded)
+    return str(tiny_model_dir)
 
 
-def _build(tmp_path, eval_dataset=None, eval_metrics=None, **config):
+def _build(model_dir, tmp_path, eval_dataset=None, eval_metrics=None, **config):
     return GRPOTrainer(
-        NO_MODEL,
+        model_dir,
         frac_sevens,
         args=tiny_config(tmp_path, **config),
         train_dataset=SEVEN_DATA,
@@ -58,9 +67,9 @@ def _build(tmp_path, eval_dataset=None, eval_metrics=None, **config):
         "best-metric", "no-prompt", "empty", "empty-dict", "named-no-prompt",
     ],
 )  # fmt: skip
-def test_bad_setups_fail_before_the_model_loads(tmp_path, setup, message):
+def test_bad_setups_fail_before_the_model_loads(model_never_loads, tmp_path, setup, message):
     with pytest.raises(ValueError) as err:
-        _build(tmp_path, **setup)
+        _build(model_never_loads, tmp_path, **setup)
     assert message in str(err.value)
     assert "\n" not in str(err.value)
 

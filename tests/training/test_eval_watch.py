@@ -121,3 +121,38 @@ def test_summary_reports_the_best_step_of_metric_for_best_model():
     state.best_model_checkpoint = "out/checkpoint-4"
     callback.on_train_end(_args(load_best_model_at_end=True), state, None)
     assert callback.summary(args, state)["weights_step"] == 4
+
+
+def test_a_real_run_whose_reward_rises_while_its_task_metric_falls(
+    tiny_tokenizer, tmp_path, caplog
+):
+    """Through the trainer: the warning once, the alarm in grpo_run.json and in the model card."""
+    from conftest import SEVEN_DATA, make_tiny_model, tiny_config
+
+    from grpo_plugin import GRPOTrainer
+    from grpo_plugin.app.card import write_model_card
+
+    def rising(prompts, completions, trainer_state, **kw):
+        return [trainer_state.global_step / 10 + (i % 2) / 100 for i in range(len(completions))]
+
+    scores = iter([0.9, 0.8, 0.5, 0.2])  # before training would not count: evaluations 2, 4, 6
+
+    def falling(prompts, completions, completion_ids, **columns):
+        return {"score": next(scores)}
+
+    args = tiny_config(tmp_path, max_steps=6, eval_strategy="steps", eval_steps=2,
+                       metric_for_best_model="score")  # fmt: skip
+    trainer = GRPOTrainer(make_tiny_model(tiny_tokenizer), rising, args=args,
+                          train_dataset=SEVEN_DATA, eval_dataset=SEVEN_DATA[:2],
+                          processing_class=tiny_tokenizer, eval_metrics=falling)  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        trainer.train()
+    assert len(_warnings(caplog)) == 1
+    message = _warnings(caplog)[0].getMessage()
+    assert "from step 2 to step 4 the mean training reward rose from 0.055 to 0.255" in message
+    assert "eval_score went from 0.900 to 0.800" in message
+    summary = trainer.run_summary()["evaluation"]
+    assert summary["alarms"] and summary["alarms"][0]["last_step"] == 4
+    trainer.save_model()
+    card = write_model_card(tmp_path / "out").read_text()
+    assert "> **Warning.**" in card

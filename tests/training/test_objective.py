@@ -72,3 +72,16 @@ def test_adaptive_state_round_trips_through_a_checkpoint_folder(tmp_path):
     assert (restored.entropy.coef, restored.entropy.last_entropy) == (0.42, 0.17)
     restored.load_state(None)  # no checkpoint: unchanged
     assert restored.entropy.coef == 0.42
+
+
+def test_the_moe_router_loss_is_added_with_its_coefficient(tmp_path):
+    logps = torch.full((2, 2), -1.0, requires_grad=True)
+    entropy, b = torch.zeros(2, 2), batch([[1, 1], [1, 0]])
+    plain, _ = TrainingObjective(tiny_config(tmp_path, loss_type="grpo"))(logps, entropy, b, 1.0)
+    with_aux = TrainingObjective(tiny_config(tmp_path, loss_type="grpo"), aux_loss_coef=0.01)
+    aux = torch.tensor(2.5, requires_grad=True)
+    loss, metrics = with_aux(logps, entropy, b, 1.0, aux)
+    assert loss.item() == pytest.approx(plain.item() + 0.01 * 2.5)
+    assert metrics["aux_loss"] == pytest.approx(2.5)
+    (grad,) = torch.autograd.grad(loss, aux)
+    assert grad.item() == pytest.approx(0.01)  # the router gets exactly coef of the gradient

@@ -15,6 +15,7 @@ from conftest import (
     make_tiny_reward_model,
     make_tiny_tokenizer,
     make_trainer,
+    tiny_config,
 )
 from transformers import AutoModelForSequenceClassification
 
@@ -56,11 +57,16 @@ def test_chat_prompts_use_the_reward_tokenizers_own_template(tiny_tokenizer):
     assert score == pytest.approx(logit_of(rm.model, reward_tok, "[user] 1+1?;[assistant] 2;"))
 
 
-def test_a_causal_lm_path_is_refused_before_any_model_loads(tiny_model_dir, tmp_path):
+def test_a_causal_lm_path_is_refused_before_any_model_loads(tiny_model_dir, tmp_path, monkeypatch):
+    def loaded(*args, **kwargs):
+        raise AssertionError("the policy was loaded before the reward model was checked")
+
+    monkeypatch.setattr("grpo_plugin.training.trainer.load_trainer_policy", loaded)
     with pytest.raises(
         RewardModelError, match="has no sequence-classification head .*LlamaForCausalLM"
     ):
-        GRPOTrainer("no/such-policy", str(tiny_model_dir), train_dataset=[{"prompt": "a"}])
+        args = tiny_config(tmp_path)
+        GRPOTrainer(str(tiny_model_dir), str(tiny_model_dir), args, [{"prompt": "a"}])
 
 
 def test_a_checkpoint_without_trained_head_weights_is_refused(tiny_tokenizer, tmp_path):
@@ -130,3 +136,16 @@ def test_trainer_scores_with_a_reward_model_and_lists_it(tiny_reward_dir, tiny_t
     trainer.save_model()
     text = write_model_card(Path(trainer.args.output_dir)).read_text()
     assert f"`{name}` (reward model `{tiny_reward_dir}`, weight 1)" in text
+
+
+def test_reward_models_go_to_the_policys_device_unless_quantized(tiny_reward_dir, monkeypatch):
+    from grpo_plugin.training.reward_models import place_reward_models
+
+    (rm,) = resolve_reward_funcs([str(tiny_reward_dir)], None, {})
+    moved = []
+    monkeypatch.setattr(rm.model, "to", lambda device: moved.append(device))
+    place_reward_models([rm, len], "cuda:3", {"enable_thinking": False})
+    assert moved == ["cuda:3"] and rm.chat_template_kwargs == {"enable_thinking": False}
+    rm.model.is_loaded_in_4bit = True  # bitsandbytes places 4-bit weights itself
+    place_reward_models([rm], "cuda:3")
+    assert moved == ["cuda:3"]

@@ -138,10 +138,10 @@ def test_missing_prompt_column_fails_before_loading(tmp_path):
         )
 
 
-def test_reward_weight_count_is_checked(tmp_path):
+def test_reward_weight_count_is_checked(tmp_path, tiny_model_dir):
     with pytest.raises(ValueError, match="reward_weights has 2 entries for 1"):
         GRPOTrainer(
-            "no/such-model",
+            str(tiny_model_dir),
             frac_sevens,
             args=tiny_config(tmp_path, reward_weights=[1.0, 2.0]),
             train_dataset=SEVEN_DATA,

@@ -148,7 +148,11 @@ def test_cast_lm_head_to_fp32(tiny_tokenizer, tied):
     cast_lm_head_to_fp32(model)
     assert model.lm_head.weight.dtype == torch.float32
     ids = torch.tensor([[5, 6, 7]])
-    assert model(input_ids=ids).logits.dtype == torch.float32
+    logits = model(input_ids=ids).logits
+    assert logits.dtype == torch.float32
+    hidden = model.model(input_ids=ids).last_hidden_state  # bf16 up to the head
+    expected = torch.nn.functional.linear(hidden.float(), model.lm_head.weight.float())
+    assert torch.equal(logits, expected)  # the head itself runs in float32
     assert model.model.embed_tokens(ids).dtype == torch.bfloat16  # tied: cast back by a hook
     assert model.model.layers[0].self_attn.q_proj.weight.dtype == torch.bfloat16
 
@@ -197,9 +201,9 @@ def test_sampling_options_reach_the_sampler(tiny_tokenizer, tmp_path, caplog):
     assert table.count(" | ") >= 2 * 3  # two distinct prompts printed
 
 
-def test_trl_constructor_arguments(tiny_tokenizer, tmp_path):
+def test_trl_constructor_arguments(tiny_tokenizer, tmp_path, tiny_model_dir):
     with pytest.raises(ValueError, match="reward_funcs is missing"):
-        GRPOTrainer("no/such-model", args=tiny_config(tmp_path), train_dataset=SEVEN_DATA)
+        GRPOTrainer(str(tiny_model_dir), args=tiny_config(tmp_path), train_dataset=SEVEN_DATA)
     args = tiny_config(tmp_path, trust_remote_code=True)
     kwargs = trainer_init_kwargs("org/model", args, quantization_config={"load_in_4bit": True})
     assert kwargs["trust_remote_code"] is True and kwargs["quantization_config"].load_in_4bit

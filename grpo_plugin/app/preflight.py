@@ -1,0 +1,90 @@
+"""A recipe's checks that read the disk, the data or the tokenizer: run before any model loads,
+by `grpo-plugin train` and by `--dry-run` alike (`recipe_checks.check_recipe` does the rest).
+
+    check_run_dir      output_dir usable; a rerun resumes or overwrites; the checkpoint to resume
+    load_checked_data  the datasets loaded (a malformed line named by file and line), every
+                       reward's columns present, every prompt usable (bad rows named)
+    check_lengths      the prompts fit the model's context (its tokenizer and config only)
+
+Each problem raises `RecipeError` with one line that says how to fix it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..training import checkpoints, preflight, run_lock
+from .data import load_prompt_datasets
+from .recipe import Recipe, RecipeError, one_line
+from .recipe_checks import check_reward_columns
+
+
+@dataclass
+class RecipeData:
+    """A recipe's datasets, checked, and the checkpoint it resumes from (None: a fresh run)."""
+
+    train: Any
+    held_out: Any | None
+    checkpoint: str | None = None
+
+
+def check_run_dir(recipe: Recipe) -> str | None:
+    """The output dir can take this run; returns the checkpoint to resume from, if any."""
+    c = recipe.config
+    try:
+        preflight.check_output_dir(c.output_dir)
+        checkpoint = checkpoints.resolve_resume(c.output_dir, c.resume_from_checkpoint)
+        run_lock.check_rerun(c.output_dir, checkpoint is not None, c.overwrite_output_dir)
+        run_lock.check_not_in_use(c.output_dir)
+        preflight.check_model_source(recipe.args.model)
+    except (ValueError, run_lock.OutputDirInUse) as err:
+        raise RecipeError(one_line(err)) from err
+    return checkpoint
+
+
+def load_checked_data(recipe: Recipe, rewards: list[Callable]) -> RecipeData:
+    try:
+        train, held_out = load_prompt_datasets(recipe.args.dataset)
+    except (ValueError, FileNotFoundError) as err:
+        raise RecipeError(one_line(err)) from err
+    check_reward_columns(rewards, train.column_names, "the training data")
+    if held_out is not None:
+        check_reward_columns(rewards[:1], held_out.column_names, "the held-out data")
+    for name, data in (("the training data", train), ("the held-out data", held_out)):
+        if data is not None:
+            try:
+                preflight.check_prompts(data["prompt"], name)
+            except ValueError as err:
+                raise RecipeError(one_line(err)) from err
+    return RecipeData(train, held_out)
+
+
+def check_lengths(recipe: Recipe, data: RecipeData) -> None:
+    """Prompt lengths against the context, with the model's tokenizer and config (no weights)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from ..models import resolve_model_path
+    from ..training.policy import prepare_tokenizer
+
+    c = recipe.config
+    source = resolve_model_path(recipe.args.model)
+    remote = bool(c.trust_remote_code)
+    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(source, trust_remote_code=remote))
+    config = AutoConfig.from_pretrained(source, trust_remote_code=remote)
+    for name, dataset in (("the training data", data.train), ("the held-out data", data.held_out)):
+        if dataset is not None:
+            try:
+                preflight.check_prompt_lengths(dataset["prompt"], tokenizer, config, c, name)
+            except ValueError as err:
+                raise RecipeError(one_line(err)) from err
+
+
+def prepare_run(recipe: Recipe, rewards: list[Callable]) -> RecipeData:
+    """Every check above, in order; what the run needs from them."""
+    checkpoint = check_run_dir(recipe)
+    data = load_checked_data(recipe, rewards)
+    check_lengths(recipe, data)
+    data.checkpoint = checkpoint
+    return data

@@ -1,0 +1,193 @@
+"""A recipe's checks that need no data, disk or tokenizer: its rewards resolve, the columns they
+read exist, the evaluation schedule can work (`preflight.py` does the rest, `recipe.py` parses).
+
+`check_recipe` verifies, before any model is loaded, that the dataset spec is valid, every
+reward name resolves, every dataset column a reward reads exists, and the evaluation schedule
+can work (a held-out set, an `eval_metrics` hook that imports, a `metric_for_best_model` that is
+logged). Every problem raises `RecipeError` with one line that says how to fix it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import reward_fns
+
+from ..training.config import GRPOConfig
+from ..training.eval_setup import check_eval_setup, resolve_eval_metrics
+from ..training.reward_context import TRAINER_KWARGS
+from .data import has_held_out, known_columns, validate_dataset_spec
+from .recipe import Recipe, RecipeError, one_line, unknown_key_message
+
+# Arguments of a reward function that never name a dataset column (TRL's contract, with the
+# trainer's own keyword arguments: trainer_state, log_extra, log_metric).
+_REWARD_CALL_ARGS = {"prompts", "completions", "completion_ids", *TRAINER_KWARGS}
+# Reward parameters whose *value* names a column (`column_name="answer"` in the verifiers).
+_COLUMN_PARAMS = ("column_name",)
+EVAL_KEYS = (
+    "reward",
+    "k",
+    "num_samples",
+    "max_new_tokens",
+    "batch_size",
+    "temperature",
+    "success_threshold",
+    "before",
+    "seed",
+)
+
+
+def reward_specs(items: Sequence[Any]) -> list[tuple[str | Callable, dict[str, Any]]]:
+    """`(name, params)` per reward entry; `{name, params}` dicts and plain names both work."""
+    specs = []
+    for item in items:
+        if isinstance(item, dict):
+            extra = set(item) - {"name", "params"}
+            if "name" not in item or extra:
+                raise RecipeError(
+                    f"reward entry {item!r} must look like {{name: NAME, params: {{...}}}}"
+                    + (f"; unexpected key(s) {sorted(extra)}" if extra else "")
+                )
+            params = item.get("params") or {}
+            if not isinstance(params, dict):
+                raise RecipeError(
+                    f"reward {item['name']!r}: params must be a mapping, got {params!r}"
+                )
+            specs.append((item["name"], dict(params)))
+        elif isinstance(item, str) or callable(item):
+            specs.append((item, {}))
+        else:
+            raise RecipeError(f"reward entry {item!r} must be a name or {{name, params}}")
+    if not specs:
+        raise RecipeError("reward_funcs is empty; name at least one reward (grpo-plugin rewards)")
+    return specs
+
+
+def _fill_from_config(fn: Callable, params: dict[str, Any], config: GRPOConfig) -> dict[str, Any]:
+    """A reward parameter named like a GRPOConfig field (e.g. `max_completion_length` of
+    `soft_overlong`) defaults to the config's value when the recipe leaves it out."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return params
+    filled = dict(params)
+    for name, param in sig.parameters.items():
+        if name not in filled and param.default is None and hasattr(config, name):
+            if name not in _REWARD_CALL_ARGS and name in {
+                f.name for f in dataclasses.fields(config)
+            }:
+                filled[name] = getattr(config, name)
+    return filled
+
+
+def resolve_rewards(recipe: Recipe, specs: list | None = None) -> list[Callable]:
+    """Every reward resolved through `reward_fns.resolve` (unknown names -> RecipeError)."""
+    resolved = []
+    for name, params in reward_specs(recipe.args.reward_funcs) if specs is None else specs:
+        try:
+            fn = reward_fns.resolve(name)
+            resolved.append(reward_fns.resolve(fn, **_fill_from_config(fn, params, recipe.config)))
+        except (KeyError, ValueError, TypeError, ImportError, AttributeError) as err:
+            raise RecipeError(one_line(err)) from err
+    return resolved
+
+
+def required_columns(fn: Callable) -> set[str]:
+    """Dataset columns a reward reads: its parameters without a default (beyond TRL's call
+    arguments), the value of a `column_name` parameter, and a `required_columns` attribute."""
+    columns = set(getattr(fn, "required_columns", ()) or ())
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return columns
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    for name, param in sig.parameters.items():
+        if name in _REWARD_CALL_ARGS or param.kind in variadic:
+            continue
+        if param.default is inspect.Parameter.empty:
+            columns.add(name)
+        elif name in _COLUMN_PARAMS and isinstance(param.default, str):
+            columns.add(param.default)
+    return columns
+
+
+def check_reward_columns(rewards: list[Callable], columns: Sequence[str], where: str) -> None:
+    """Every dataset column a reward reads must exist (`where` names the data in the message)."""
+    for fn in rewards:
+        missing = sorted(required_columns(fn) - set(columns))
+        if missing:
+            name = reward_fns.reward_name(fn)
+            raise RecipeError(
+                f"reward {name!r} needs dataset column(s) {missing}, but {where} has "
+                f"{sorted(columns)}; rename your gold column or pass params: {{column_name: ...}}"
+            )
+
+
+def check_eval_spec(recipe: Recipe) -> dict[str, Any]:
+    spec = dict(recipe.args.eval or {})
+    for key in spec:
+        if key not in EVAL_KEYS:
+            raise RecipeError(unknown_key_message(key, EVAL_KEYS, "eval"))
+    return spec
+
+
+def eval_metrics_fn(recipe: Recipe) -> Callable | None:
+    """The recipe's `eval_metrics` hook, resolved (a file path is relative to the recipe)."""
+    base = Path(recipe.source).parent if recipe.source else None
+    try:
+        return resolve_eval_metrics(recipe.args.eval_metrics, base_dir=base)
+    except ValueError as err:
+        raise RecipeError(one_line(err)) from err
+
+
+def check_evaluation(recipe: Recipe, rewards: list[Callable]) -> None:
+    """A scheduled evaluation needs a held-out set; the best-model metric must be logged."""
+    hook = eval_metrics_fn(recipe)
+    sets = [""] if has_held_out(recipe.args.dataset) else None
+    names = [reward_fns.reward_name(fn) for fn in rewards]
+    try:
+        check_eval_setup(recipe.config, sets, names, hook is not None)
+    except ValueError as err:
+        raise RecipeError(one_line(err)) from err
+
+
+def recipe_tools(recipe: Recipe) -> list[Callable]:
+    """The recipe's tools as callables (names resolved relative to the recipe), schemas checked."""
+    from ..training.tool_setup import resolve_tool, resolve_tools
+
+    base = Path(recipe.source).parent if recipe.source else None
+    try:
+        callables = [resolve_tool(spec, base) for spec in recipe.args.tools or []]
+        resolve_tools(callables)
+    except ValueError as err:
+        raise RecipeError(one_line(err)) from err
+    return callables
+
+
+def check_recipe(recipe: Recipe) -> list[Callable]:
+    """Everything that can be checked without a model; returns the resolved rewards."""
+    if recipe.args.load_in_4bit and recipe.args.lora is None:
+        raise RecipeError(
+            "load_in_4bit needs a `lora` section: 4-bit base weights cannot be trained"
+        )
+    try:
+        validate_dataset_spec(recipe.args.dataset)
+    except (ValueError, TypeError) as err:
+        raise RecipeError(one_line(err)) from err
+    rewards = resolve_rewards(recipe)
+    weights = recipe.config.reward_weights
+    if weights is not None and len(weights) != len(rewards):
+        raise RecipeError(
+            f"reward_weights has {len(weights)} entries for {len(rewards)} reward functions; give one each"
+        )
+    columns = known_columns(recipe.args.dataset)
+    if columns is not None:
+        check_reward_columns(rewards, columns, "the dataset")
+    check_eval_spec(recipe)
+    check_evaluation(recipe, rewards)
+    recipe_tools(recipe)
+    return rewards

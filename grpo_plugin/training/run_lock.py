@@ -1,0 +1,208 @@
+"""One run per output directory: a lock against concurrent runs, and no silent mixing of reruns.
+
+    output_dir/.grpo-plugin.lock     LOCK_FILE: held (flock) by the run's main process
+
+- A second run into a directory whose lock is held is refused with a message naming the holder
+  (pid, host, start time). The lock is an `flock`, so a killed run (even `kill -9`) releases it.
+- A new run into a directory that already holds a run (metrics, checkpoints, completions, ...)
+  is refused unless it resumes (`resume_from_checkpoint`) or `overwrite_output_dir` is set; with
+  `overwrite_output_dir` the old run's files are deleted first (other files are left alone), so
+  the new run starts clean.
+
+The lock is re-entrant within a process: the recipe pipeline claims the directory before any model
+loads, and `GRPOTrainer.train()` (which claims it for Python users) then finds it held.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+
+from . import checkpoints, rundir
+
+logger = logging.getLogger(__name__)
+
+LOCK_FILE = ".grpo-plugin.lock"
+_HELD: dict[str, RunLock] = {}
+
+
+class OutputDirInUse(RuntimeError):
+    """Another run holds the output directory."""
+
+
+def _key(output_dir: str | Path) -> str:
+    return os.path.realpath(output_dir)
+
+
+def previous_run_files(output_dir: str | Path) -> list[str]:
+    """The names of the files and folders that show an earlier run in `output_dir`."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return []
+    found = [name for name in rundir.RUN_MARKERS if (root / name).exists()]
+    return found + [p.name for p in checkpoints.checkpoints(root)]
+
+
+def check_rerun(
+    output_dir: str | Path, resume: bool, overwrite: bool, found: list[str] | None = None
+) -> None:
+    """Refuse (ValueError, one line) a new run into a directory that holds another run (`found`:
+    that run's files, when they were listed earlier; else they are listed now)."""
+    if resume or overwrite:
+        return
+    found = previous_run_files(output_dir) if found is None else found
+    if found:
+        shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+        raise ValueError(
+            f"output_dir {output_dir} already holds a run ({shown}); resume it with "
+            "--resume_from_checkpoint true, replace it with --overwrite_output_dir, or choose "
+            "another output_dir."
+        )
+
+
+def clear_previous_run(output_dir: str | Path) -> list[str]:
+    """Delete an earlier run's outputs (only names a run writes, and only when the directory
+    shows a run); returns their names."""
+    root = Path(output_dir)
+    if not previous_run_files(root):
+        return []
+    names = [n for n in rundir.RUN_OUTPUTS if (root / n).exists()]
+    removed = names + [p.name for p in checkpoints.checkpoints(root)]
+    for name in removed:
+        path = root / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    checkpoints.remove_staging(root)
+    if removed:
+        logger.info("overwrite_output_dir: removed the previous run's %s", ", ".join(removed))
+    return removed
+
+
+class RunLock:
+    """An exclusive, non-blocking `flock` on `output_dir/.grpo-plugin.lock`."""
+
+    def __init__(self, output_dir: str | Path):
+        self.path = Path(output_dir) / LOCK_FILE
+        self.fd: int | None = None
+        self.depth = 0
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_holder(fd)
+                os.close(fd)
+                raise OutputDirInUse(
+                    f"output_dir {self.path.parent} is in use by another run ({holder}); wait for "
+                    "it to finish, or choose another output_dir."
+                ) from None
+            if _same_file(fd, self.path):
+                break
+            os.close(fd)  # the lock file was removed by a run that just ended: lock the new one
+        os.ftruncate(fd, 0)
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.ctime()}
+        os.write(fd, json.dumps(info).encode())
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            self.path.unlink(missing_ok=True)  # while still locked: no one else holds this file
+            os.close(self.fd)  # closing the descriptor releases the flock
+            self.fd = None
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.fstat(fd).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        return f"pid {info['pid']} on {info['host']}, started {info['started']}"
+    except (ValueError, KeyError, OSError):
+        return "holder unknown"
+
+
+def claim(
+    output_dir: str | Path, *, resume: bool, overwrite: bool, found: list[str] | None = None
+) -> RunLock:
+    """Lock `output_dir` for this process's run (re-entrant) and apply the rerun rule (`found`:
+    the earlier run's files as listed before this run wrote anything; default: listed now)."""
+    key = _key(output_dir)
+    held = _HELD.get(key)
+    if held is not None:
+        held.depth += 1
+        return held
+    lock = RunLock(output_dir)
+    lock.acquire()
+    try:
+        check_rerun(output_dir, resume, overwrite, found)
+        if overwrite and not resume:
+            clear_previous_run(output_dir)
+    except BaseException:
+        lock.release()
+        raise
+    lock.depth = 1
+    _HELD[key] = lock
+    return lock
+
+
+def release(output_dir: str | Path) -> None:
+    """Undo one `claim`; the lock goes when the last one is undone."""
+    key = _key(output_dir)
+    held = _HELD.get(key)
+    if held is None:
+        return
+    held.depth -= 1
+    if held.depth <= 0:
+        held.release()
+        del _HELD[key]
+
+
+def check_not_in_use(output_dir: str | Path) -> None:
+    """Raise `OutputDirInUse` when another process holds the directory's lock (nothing is taken)."""
+    path = Path(output_dir) / LOCK_FILE
+    if is_claimed(output_dir) or not path.is_file():
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise OutputDirInUse(
+            f"output_dir {output_dir} is in use by another run ({_read_holder(fd)}); wait for it "
+            "to finish, or choose another output_dir."
+        ) from None
+    finally:
+        os.close(fd)
+
+
+def is_claimed(output_dir: str | Path) -> bool:
+    return _key(output_dir) in _HELD
+
+
+__all__ = [
+    "LOCK_FILE",
+    "OutputDirInUse",
+    "RunLock",
+    "check_not_in_use",
+    "check_rerun",
+    "claim",
+    "clear_previous_run",
+    "is_claimed",
+    "previous_run_files",
+    "release",
+]

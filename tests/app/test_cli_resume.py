@@ -1,0 +1,174 @@
+"""`grpo-plugin train` as a hostile user runs it: killed with SIGKILL after checkpoint 2 and
+resumed, stopped with SIGTERM and resumed, started twice into one folder, rerun into a used one."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from safetensors.torch import load_file
+
+RECIPE = """\
+model: {model}
+dataset: {{name: arithmetic, train_size: 16, eval_size: 0}}
+reward_funcs: ["faulty_reward:mean_code"]
+num_generations: 4
+per_device_train_batch_size: 8
+max_steps: 5
+max_completion_length: 6
+learning_rate: 0.03
+lora: {{r: 4, lora_alpha: 8, target_modules: all-linear}}
+save_strategy: steps
+save_steps: 2
+log_completions: true
+disable_tqdm: true
+output_dir: {out}
+"""
+# A reward with signal for a random tiny model (the mean character code), which kills or
+# signals its own process when the environment asks, while step FAULT_STEP + 1 is sampled.
+REWARD = """
+import os, signal
+
+def mean_code(prompts, completions, trainer_state, **kw):
+    if os.environ.get("FAULT") and trainer_state.global_step == int(os.environ["FAULT_STEP"]):
+        os.kill(os.getpid(), getattr(signal, os.environ["FAULT"]))
+    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    return [sum(map(ord, t)) / (128 * max(1, len(t))) for t in texts]
+"""
+NOT_COMPARED = ("timing/", "generation/tokens_per_s", "train_")
+
+
+@pytest.fixture(scope="module")
+def recipe(tmp_path_factory, tiny_model_dir):
+    folder = tmp_path_factory.mktemp("recipe")
+    (folder / "faulty_reward.py").write_text(REWARD)
+    path = folder / "recipe.yaml"
+    path.write_text(RECIPE.format(model=tiny_model_dir, out="{out}"))
+    return path
+
+
+def train(recipe: Path, out: Path, *flags: str, fault: str = "", step: int = 2):
+    text = recipe.read_text().replace("{out}", str(out))
+    run_recipe = recipe.with_name(f"{out.name}.yaml")
+    run_recipe.write_text(text)
+    env = {**os.environ, "PYTHONPATH": str(recipe.parent), "OMP_NUM_THREADS": "1",
+           "HF_HUB_OFFLINE": "1", "FAULT": fault, "FAULT_STEP": str(step)}  # fmt: skip
+    command = [sys.executable, "-m", "grpo_plugin", "train", str(run_recipe), *flags]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+
+
+def metric_lines(out: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(NOT_COMPARED)} for r in rows]
+
+
+def completions(out: Path) -> dict[str, list]:
+    files = sorted((out / "completions").glob("*.parquet"))
+    return {f.name: pq.read_table(f).to_pylist() for f in files}
+
+
+def weights_diff(a: Path, b: Path) -> float:
+    """Max |difference| of the saved LoRA adapters."""
+    x, y = (load_file(p / "adapter_model.safetensors") for p in (a, b))
+    return max((x[k] - y[k]).abs().max().item() for k in x)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(recipe):
+    out = recipe.parent / "straight"
+    done = train(recipe, out)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def test_the_same_seed_gives_the_same_run(recipe, tmp_path, uninterrupted):
+    again = train(recipe, tmp_path / "again")
+    assert again.returncode == 0, again.stderr
+    assert metric_lines(tmp_path / "again") == metric_lines(uninterrupted)
+    assert completions(tmp_path / "again") == completions(uninterrupted)
+    assert weights_diff(tmp_path / "again", uninterrupted) == 0.0  # LoRA's init is seeded too
+    moved = load_file(uninterrupted / "adapter_model.safetensors")
+    assert max(v.abs().max().item() for k, v in moved.items() if "lora_B" in k) > 0  # it trained
+
+
+def test_sigkill_after_checkpoint_2_then_resume_equals_the_uninterrupted_run(
+    recipe, tmp_path, uninterrupted
+):
+    out = tmp_path / "killed"
+    killed = train(recipe, out, fault="SIGKILL")
+    assert killed.returncode == -signal.SIGKILL
+    assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-2"]
+    assert [r["step"] for r in metric_lines(out)] == [1, 2]
+    resumed = train(recipe, out, "--resume_from_checkpoint", "true")
+    assert resumed.returncode == 0, resumed.stderr
+    assert metric_lines(out) == metric_lines(uninterrupted)  # steps 1..5, once each
+    assert completions(out) == completions(uninterrupted)
+    assert weights_diff(out, uninterrupted) == 0.0
+
+
+def test_sigterm_saves_prints_how_to_resume_and_exits_143(recipe, tmp_path, uninterrupted):
+    out = tmp_path / "preempted"
+    stopped = train(recipe, out, fault="SIGTERM", step=2)
+    assert stopped.returncode == 143, stopped.stderr
+    assert "Stopped by SIGTERM after step 3; checkpoint saved to" in stopped.stderr
+    assert "--resume_from_checkpoint true" in stopped.stderr.splitlines()[-1]
+    assert (out / "checkpoint-3" / "trainer_state.json").is_file()  # saved outside save_steps
+    assert not (out / "README.md").exists()  # no card for an unfinished run
+    resumed = train(recipe, out, "--resume_from_checkpoint", "true")
+    assert resumed.returncode == 0, resumed.stderr
+    assert metric_lines(out) == metric_lines(uninterrupted)
+    assert weights_diff(out, uninterrupted) == 0.0
+
+
+def test_a_rerun_into_a_used_folder_is_refused_then_overwrite_starts_clean(
+    recipe, uninterrupted, tmp_path, monkeypatch, capsys
+):
+    from grpo_plugin import cli
+
+    out = tmp_path / "used"
+    shutil.copytree(uninterrupted, out)
+    monkeypatch.syspath_prepend(str(recipe.parent))
+    path = tmp_path / "used.yaml"
+    path.write_text(recipe.read_text().replace("{out}", str(out)))
+    assert cli.main(["train", str(path)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: output_dir {out} already holds a run (metrics.jsonl, grpo_run.json, "
+        "completions, eval.json, ...); resume it with --resume_from_checkpoint true, replace it "
+        "with --overwrite_output_dir, or choose another output_dir."
+    ]
+    assert metric_lines(out) == metric_lines(uninterrupted)  # nothing of it was touched
+    assert cli.main(["train", str(path), "--overwrite_output_dir", "--max_steps", "2"]) == 0
+    assert [r["step"] for r in metric_lines(out) if "loss" in r] == [1, 2]
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]
+
+
+def test_a_second_concurrent_run_is_refused(recipe, tmp_path):
+    out = tmp_path / "busy"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import fcntl, json, os, time
+            os.makedirs({str(out)!r}, exist_ok=True)
+            fd = os.open({str(out / '.grpo-plugin.lock')!r}, os.O_RDWR | os.O_CREAT)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.write(fd, json.dumps({{"pid": os.getpid(), "host": "h", "started": "s"}}).encode())
+            print("held", flush=True)
+            time.sleep(60)
+        """)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        refused = train(recipe, out, "--dry-run")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert refused.returncode == 2
+    assert f"in use by another run (pid {holder.pid} on h, started s)" in refused.stderr

@@ -1,0 +1,142 @@
+"""Every bad input a recipe can hold gets one line on stderr and exit code 2, in `--dry-run`
+too, so before any model loads: learning rates, model sources, output dirs, data lines, prompts,
+prompt lengths, resume targets."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from grpo_plugin import cli
+from grpo_plugin.training import preflight
+
+RECIPE = (
+    "model: {model}\n"
+    "dataset: {{path: {data}}}\n"
+    "reward_funcs: [last_integer]\n"
+    "num_generations: 4\nper_device_train_batch_size: 8\nmax_steps: 1\nmax_completion_length: 8\n"
+    "output_dir: {out}\n"
+)
+ROWS = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(8)]
+
+
+@pytest.fixture
+def make(tmp_path, tiny_model_dir):
+    """make(rows=..., lines=..., **recipe_overrides) -> the recipe's path."""
+
+    def build(rows=ROWS, lines=None, model=None, out=None):
+        data = tmp_path / "data.jsonl"
+        data.write_text("\n".join(lines or [json.dumps(r) for r in rows]) + "\n")
+        path = tmp_path / "recipe.yaml"
+        text = RECIPE.format(model=model or tiny_model_dir, data=data, out=out or tmp_path / "out")
+        path.write_text(text)
+        return str(path)
+
+    return build
+
+
+def dry_run(capsys, recipe: str, *flags: str) -> str:
+    code = cli.main(["train", recipe, *flags, "--dry-run"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+def test_the_good_recipe_passes(make, capsys):
+    assert cli.main(["train", make(), "--dry-run"]) == 0
+    assert ": OK (" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--learning_rate", "0"], "learning_rate=0.0 must be a positive finite number"),
+        (["--learning_rate=-1e-4"], "learning_rate=-0.0001 must be a positive finite number"),
+        (["--learning_rate", "nan"], "learning_rate=nan must be a positive finite number"),
+        (["--resume_from_checkpoint", "true"], "has no complete checkpoint-N folder"),
+        (["--reward_timeout", "0"], "reward_timeout=0.0 must be > 0 seconds, or None"),
+    ],
+)
+def test_bad_numbers_and_resume_targets(make, capsys, flags, expected):
+    assert expected in dry_run(capsys, make(), *flags)
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        ("./no/such/model", "model path ./no/such/model does not exist"),
+        ("not a valid id!", "is neither a local directory nor a valid Hub id"),
+        ("someone/not-in-any-cache", "not in the Hugging Face cache, and the Hub is offline"),
+    ],
+)
+def test_model_sources_that_cannot_load(make, capsys, monkeypatch, model, expected):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert expected in dry_run(capsys, make(model=model))
+
+
+def test_a_model_folder_without_config(make, capsys, tmp_path):
+    (tmp_path / "empty-model").mkdir()
+    assert "has no config.json" in dry_run(capsys, make(model=tmp_path / "empty-model"))
+
+
+def test_output_dirs_that_cannot_take_a_run(make, capsys, tmp_path, monkeypatch):
+    (tmp_path / "a-file").write_text("x")
+    assert "is a file, not a directory" in dry_run(capsys, make(out=tmp_path / "a-file"))
+    assert "is not writable" in dry_run(capsys, make(out=Path("/proc/grpo-plugin-out")))
+    full = shutil.disk_usage(tmp_path)._replace(free=10 * 2**20)
+    monkeypatch.setattr(preflight.shutil, "disk_usage", lambda path: full)
+    assert "nearly full device (10 MB free" in dry_run(capsys, make())
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [
+        (
+            [*ROWS[:3], {"prompt": 5, "answer": "0"}],
+            "the training data row 3: the prompt is an int (5)",
+        ),
+        ([{"prompt": "  ", "answer": "0"}, *ROWS], "row 0: the prompt is an empty string"),
+        (
+            [*ROWS, {"prompt": [{"role": "user"}], "answer": "0"}],
+            "row 8: the prompt has a message that is not {'role': ..., 'content': ...}",
+        ),
+    ],
+)
+def test_unusable_prompts_are_named_by_row(make, capsys, rows, expected):
+    assert expected in dry_run(capsys, make(rows=rows))
+
+
+def test_a_malformed_data_line_is_named_by_file_and_line(make, capsys, tmp_path):
+    lines = [json.dumps(r) for r in ROWS[:2]] + ['{"prompt": "3+3=" "answer": "6"}']
+    message = dry_run(capsys, make(lines=lines))
+    assert message == (
+        f"error: {tmp_path / 'data.jsonl'}:3: not valid JSON (Expecting ',' delimiter at column "
+        "19); fix or delete that line."
+    )
+
+
+def test_prompts_longer_than_the_context(make, capsys, caplog):
+    long = [*ROWS, {"prompt": "1" * 600, "answer": "1"}]  # 600 tokens; the tiny model has 512
+    message = dry_run(capsys, make(rows=long))
+    assert "1 of 9 prompts in the training data are longer than the 504 tokens" in message
+    assert "(longest: 600 tokens); set max_prompt_length" in message
+    assert cli.main(["train", make(rows=long), "--max_prompt_length", "64", "--dry-run"]) == 0
+    assert "1 of 9 prompts in the training data are longer than max_prompt_length=64" in caplog.text
+    too_much = dry_run(capsys, make(), "--max_prompt_length", "510")
+    assert (
+        "max_prompt_length=510 + max_completion_length=8 exceed the model's context of 512"
+        in too_much
+    )
+
+
+def test_the_trainer_names_bad_prompts_too(tiny_tokenizer, tmp_path):
+    from conftest import frac_sevens, tiny_config
+
+    from grpo_plugin import GRPOTrainer
+
+    with pytest.raises(ValueError, match="train_dataset row 1: the prompt is a NoneType"):
+        GRPOTrainer("no/such-model", frac_sevens, args=tiny_config(tmp_path),
+                    train_dataset=[{"prompt": "1+1="}, {"prompt": None}])  # fmt: skip
