@@ -116,6 +116,9 @@ def test_environment_factory_with_reset_and_get_reward(tiny_tokenizer, tmp_path)
     assert len({id(e) for e in seen["environments"]}) == 8  # one instance per rollout
     log = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
     assert log["rewards/Counter/mean"] == 1.0  # every rollout reached its target via the tool
+    alone = tool_trainer(tiny_tokenizer, tmp_path / "2", counter_script, None, tools=[],
+                         environment_factory=Counter)  # fmt: skip
+    assert alone.reward_names == ["Counter"]  # the environment owns the reward, as in TRL
 
 
 class Doubler:
