@@ -182,6 +182,10 @@ def code_job(isolation: str, cases: dict, timeout_s: float = 10.0) -> dict:
     }
 
 
+def program_job(isolation: str, program: str, **extra) -> dict:
+    return {"isolation": isolation, "timeout_s": 10.0, "program": program, **extra}
+
+
 def scores(report: dict, job: str, cases: dict) -> dict:
     return dict(zip(sorted(cases), report["jobs"][job]["scores"]))
 
@@ -219,25 +223,15 @@ def report():
             "bwrap-user", {n: (c, ADD_TESTS) for n, c in HOSTILE.items()}, TIMEOUT_S
         ),
         "forgeries": code_job("bwrap-user", forgeries),
-        "walk": {"isolation": "bwrap-user", "timeout_s": 10.0, "program": WALK},
-        "inside": {"isolation": "bwrap-user", "timeout_s": 10.0, "program": INSIDE},
-        "forks": {
-            "isolation": "bwrap-user",
-            "timeout_s": 10.0,
-            "program": COUNT_FORKS,
-            "trainer_threads": 40,
-        },  # fmt: skip
+        "walk": program_job("bwrap-user", WALK),
+        "inside": program_job("bwrap-user", INSIDE),
+        "forks": program_job("bwrap-user", COUNT_FORKS, trainer_threads=40),
         # Controls, last: rlimits leaves its killed processes to the trainer (our subreaper).
         "reads_rlimits": code_job("rlimits", reads),
         "attacks_rlimits": code_job("rlimits", READS_OF_THE_TRAINER),
-        "overwrite_rlimits": {
-            "isolation": "rlimits",
-            "timeout_s": 10.0,
-            "tests": ASSERT,
-            "program": OVERWRITE_RESULTS_MEMFD,
-        },  # fmt: skip
+        "overwrite_rlimits": program_job("rlimits", OVERWRITE_RESULTS_MEMFD, tests=ASSERT),
     }
-    env = {"PATH": sandbox_launch.SAFE_PATH, "OMP_NUM_THREADS": "1", "AUDIT_EXPECTED": SECRET}
+    env = {"PATH": sandbox_launch.SAFE_PATH, "OMP_NUM_THREADS": "1", "TRAINER_SECRET": SECRET}
     try:
         done = subprocess.run(
             trainer_command(), input=json.dumps(jobs), capture_output=True, text=True,
