@@ -17,8 +17,11 @@ Levels (chosen on the host): ``pivot_root`` - we make new mount, PID, network, I
 namespaces with ``unshare(2)`` (what util-linux ``unshare --fork --kill-child`` does, minus an
 exec), build the root from the spec's mount list as PID 1, and ``pivot_root`` into it; ``bwrap``
 - bubblewrap built the root and we start inside it with only CAP_SETUID, CAP_SETGID and
-CAP_CHOWN; ``rlimits`` - no root at all, the host filesystem stays visible. Except under
-bubblewrap (whose caller does it), our first act is to join the run's cgroup.
+CAP_CHOWN; ``bwrap-user`` - an unprivileged bubblewrap (its own user namespace, no capability)
+built the same root, and with one uid for everyone the program is kept from the judge by
+namespaces instead (:func:`own_namespaces`); ``rlimits`` - no root at all, the host filesystem
+stays visible. Except under bubblewrap (whose caller does it), our first act is to join the
+run's cgroup.
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x20000, 0x4000000, 0x8000000
-CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
+CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWUSER = 0x20000000, 0x40000000, 0x10000000
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
+PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 24, 47, 4
+_CAPABILITY_VERSION_3 = 0x20080522
 SIGKILL = 9
 _PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -118,6 +123,53 @@ def enter_namespaces() -> None:
         os._exit(code if code >= 0 else 128 - code)
     _libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)
     mount(None, "/", None, MS_REC | MS_PRIVATE)
+
+
+def own_namespaces() -> None:
+    """Level ``bwrap-user``: new user, mount and PID namespaces for the program's fork to come.
+
+    Everyone here has the trainer's uid, so uids cannot keep the program from the judge, whose
+    process, descriptors and memory a same-uid process could otherwise read (``/proc/PID/mem``,
+    ``ptrace``, ``/proc/PID/fd``) or signal. The next fork is PID 1 of a PID namespace the judge
+    is not in (:func:`program_init`), with a ``/proc`` of its own: the judge, this supervisor and
+    the host's processes have no PID there. Unprivileged: the user namespace maps our one uid.
+    """
+    uid, gid = os.getuid(), os.getgid()
+    _check(_libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID), "unshare")
+    maps = (("uid_map", f"{uid} {uid} 1"), ("setgroups", "deny"), ("gid_map", f"{gid} {gid} 1"))
+    for name, text in maps:
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+
+
+def drop_capabilities() -> None:
+    """No capability left, in any set, and none to come back (bounding and ambient sets)."""
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        last = int(f.read())
+    for cap in range(last + 1):
+        _check(_libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "drop bounding capability")
+    _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)  # this process
+    _check(_libc.capset(header, (ctypes.c_uint32 * 6)()), "capset")
+
+
+def program_init(spec: dict, keep_fds: set[int], body) -> None:
+    """PID 1 of the program's PID namespace (level ``bwrap-user``): mounts that namespace's
+    ``/proc``, forbids further user namespaces, drops every capability, makes itself
+    undumpable and a session leader (the program cannot signal its parent's process group),
+    then runs the program as PID 2 and exits with its status. PID 1 ignores the signals the
+    program may send it, and when it exits the kernel kills all that is left in the namespace.
+    """
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    with open("/proc/sys/user/max_user_namespaces", "w") as f:
+        f.write("0")
+    drop_capabilities()
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    os.setsid()
+    child = _fork(spec, None, keep_fds, body)
+    _close_fds_except(set())
+    code = _wait_for(child)
+    os._exit(code if code >= 0 else 128 - code)
 
 
 def join_cgroups(procs_files: list[str]) -> None:
@@ -238,23 +290,34 @@ def main(spec_fd: int) -> int:
 
         return body
 
+    def start_program(keep_fds: set[int], body) -> int:
+        if spec["level"] != "bwrap-user":
+            return _fork(spec, uid_c, keep_fds, body)
+        own_namespaces()
+        pid = _fork(spec, None, keep_fds, lambda: program_init(spec, keep_fds, body))
+        drop_capabilities()  # those of the new user namespace: the supervisor needs none
+        _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        return pid
+
     if spec["tests_fd"] is None:  # stdin/stdout case: the host compares the output
-        child = _fork(spec, uid_c, set(), candidate())
+        child = start_program(set(), candidate())
         _become(uid_j)
         return _wait_for(child)
     req_r, req_w = os.pipe()
     resp_r, resp_w = os.pipe()
     judged = {req_w, resp_r, spec["tests_fd"], spec["results_fd"]}
-    _fork(spec, uid_c, {req_r, resp_w}, candidate(req_r, resp_w))
 
     def judge():
         # Not dumpable: no ptrace and no /proc/PID/{mem,fd} for anyone without privilege.
         _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
         harness.run_judge(spec["tests_fd"], spec["results_fd"], req_w, resp_r, spec["packages"])
 
-    child = _fork(spec, uid_j, judged, judge)
-    for fd in (req_r, req_w, resp_r, resp_w, spec["tests_fd"], spec["results_fd"]):
+    child = _fork(spec, uid_j, judged, judge)  # first: at bwrap-user it stays outside
+    for fd in judged:
         os.close(fd)
+    start_program({req_r, resp_w}, candidate(req_r, resp_w))
+    os.close(req_r)
+    os.close(resp_w)
     _become(uid_j)  # the supervisor only waits from here: it keeps no privilege
     return _wait_for(child)  # then PID 1 exits and the kernel kills the rest of the namespace
 

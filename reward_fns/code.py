@@ -137,7 +137,8 @@ def code_tests(
     """Fraction of the row's tests (stdin/stdout cases or asserts) the code passes, sandboxed.
 
     ``isolation``: ``auto`` (best available, logged), ``strict`` (refuse to run without a
-    minimal root), or a level from ``reward_fns.sandbox.LEVELS``. ``packages``: top-level
+    minimal root: ``bwrap`` or ``pivot_root`` as root, ``bwrap-user`` otherwise), or a level
+    from ``reward_fns.sandbox.LEVELS``. ``packages``: top-level
     packages the code may import besides the standard library (e.g. ``["numpy"]``).
     ``workdir_mb``: size of the program's tmpfs work directory.
     """

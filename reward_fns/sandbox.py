@@ -9,22 +9,35 @@ Isolation levels (``isolation=``; the active one is logged once per process):
   namespaces. Needs root.
 - ``pivot_root``: the same root and namespaces, made by :mod:`reward_fns._sandbox_init` itself
   (``unshare(2)``, mounts, ``pivot_root(2)``). Needs root.
+- ``bwrap-user``: the same root and namespaces, built by bubblewrap without root, in a user
+  namespace of its own (``--unshare-user --cap-drop ALL``; needs unprivileged user namespaces).
+  Everything runs under the trainer's one uid, so instead of a second uid the program runs in
+  a nested user and PID namespace with its own ``/proc``, as PID 2 under an undumpable PID 1
+  (:func:`reward_fns._sandbox_init.own_namespaces`): the judge, the supervisor and the host's
+  processes have no PID there, so the program can neither signal, trace nor read them, and no
+  capability is left. Only for the non-root user (as root, ``bwrap`` gives two uids).
 - ``rlimits``: no root and no namespaces (logged as a warning): the host's files are readable
   and the work directory is a host temporary folder.
 
-``auto`` takes the first of these that works here; ``strict`` does too but refuses ``rlimits``.
+``auto`` takes the first of these that works here; ``strict`` does too but refuses ``rlimits``
+(every other level is a minimal root with a verdict the program cannot reach).
 
 Limits for the whole run (memory, task count) come from a cgroup when we can make one
-(:mod:`reward_fns.sandbox_cgroup`), else from per-process rlimits only; the log line says which.
+(:mod:`reward_fns.sandbox_cgroup`; usually only as root), else from per-process rlimits only;
+the log line says which. At ``bwrap-user`` ``RLIMIT_NPROC`` still caps the program's whole
+process tree (the kernel counts it per user namespace, and the program has its own), but
+``memory_mb`` holds per process.
 Always: wall-clock timeout and ``RLIMIT_CPU``; ``RLIMIT_AS``, ``RLIMIT_NPROC``, ``RLIMIT_FSIZE``,
 ``RLIMIT_NOFILE`` per process; no core dumps; an environment with ``PATH`` and little else; the
 program's stdin, stdout and stderr and the judge's verdicts in memfds (nothing lands on the
 host's ``/tmp``); as root, two throwaway uids, one for the program and one for the judge
 (:mod:`reward_fns._code_harness`), so the program can neither signal, trace nor read the judge.
 
-Not defended: CPU contention during the timeout. At ``rlimits`` also the host filesystem (read),
-disk use beyond the per-file cap, and, as a non-root user, the user's other processes (signals)
-and a ``setsid`` child outliving the run.
+Not defended: CPU contention during the timeout. At ``bwrap-user`` without a cgroup also the
+memory of the whole run (``memory_mb`` per process, plus memfds of up to ``max_output_bytes``
+each). At ``rlimits`` also the host filesystem (read), disk use beyond the per-file cap, and, as
+a non-root user, the trainer itself (its memory and descriptors: a verdict can be forged), the
+user's other processes (signals) and a ``setsid`` child outliving the run.
 """
 
 from __future__ import annotations
@@ -33,15 +46,11 @@ import logging
 import marshal
 import math
 import os
-import re
 import secrets
-import select
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache, lru_cache
@@ -52,7 +61,7 @@ from reward_fns.sandbox_launch import IsolationError
 logger = logging.getLogger("reward_fns.code")
 
 UID_BASE = 0x3000_0000  # throwaway uids: UID_BASE + random, never a real account
-LEVELS = ("bwrap", "pivot_root", "rlimits")
+LEVELS = ("bwrap", "pivot_root", "bwrap-user", "rlimits")
 ISOLATIONS = ("auto", "strict", *LEVELS)
 
 
@@ -100,7 +109,8 @@ def _run(level, code, stdin_text, tests, limits: SandboxLimits, packages) -> Run
         uids = _throwaway_uids()
         spec = {**sandbox_launch.static_spec(level, packages, limits.workdir_mb)}
         spec.update(code=code, uids=uids)
-        spec["limits"] = _rlimits(limits, shared_uid=uids is None)
+        own_tasks = uids is None and level == "rlimits"
+        spec["limits"] = _rlimits(limits, shared_uid=own_tasks, namespace=level == "bwrap-user")
         if level == "rlimits":
             spec.update(sandbox_launch.host_work(uids))
             files.folders.append(spec["work"])
@@ -113,10 +123,11 @@ def _run(level, code, stdin_text, tests, limits: SandboxLimits, packages) -> Run
             cgroup = files.cgroup = sandbox_cgroup.RunCgroup(
                 cgroup_setup, limits.memory_mb << 20, tasks
             )
-        spec["cgroup_procs"] = cgroup.procs_files() if cgroup and level != "bwrap" else []
+        bwrap = level in sandbox_launch.BWRAP_LEVELS
+        spec["cgroup_procs"] = cgroup.procs_files() if cgroup and not bwrap else []
         spec_fd = files.memfd("spec", marshal.dumps(spec))
         argv = sandbox_launch.command(level, packages, limits.workdir_mb, spec_fd)
-        if cgroup is not None and level == "bwrap":
+        if cgroup is not None and bwrap:
             argv = cgroup.wrap(argv)
         stdout, stderr = files.memfd("stdout", b""), files.memfd("stderr", b"")
         stdin = files.memfd("stdin", stdin_text.encode()) if stdin_text is not None else None
@@ -130,8 +141,8 @@ def _run(level, code, stdin_text, tests, limits: SandboxLimits, packages) -> Run
             start_new_session=True,
             pass_fds=tuple(fd for fd in (spec_fd, spec["tests_fd"], spec["results_fd"]) if fd),
         )
-        timed_out = not _wait(proc, limits.timeout_s)
-        _reap(proc, cgroup, uids)
+        timed_out = not sandbox_launch.wait(proc, limits.timeout_s)
+        sandbox_launch.reap(proc, cgroup, uids, level)
         results = _read(spec["results_fd"], 1 << 20) if tests is not None else ""
         return RunResult(
             returncode=proc.returncode,
@@ -199,12 +210,17 @@ def _own_task_count() -> int:
     return count
 
 
-def _rlimits(limits: SandboxLimits, shared_uid: bool = False) -> dict[str, list[int]]:
-    """Per-process limits. Without throwaway uids (not root) the program runs as the trainer's
-    uid, whose own tasks RLIMIT_NPROC counts too: the cap is then theirs plus `max_processes`."""
+def _rlimits(
+    limits: SandboxLimits, shared_uid: bool = False, namespace: bool = False
+) -> dict[str, list[int]]:
+    """Per-process limits. At ``rlimits`` without throwaway uids (not root) the program runs as
+    the trainer's uid, whose own tasks RLIMIT_NPROC counts too: the cap is then theirs plus
+    `max_processes`. At ``bwrap-user`` (``namespace``) the count is that of the program's own
+    user namespace, which also holds the supervisor and the namespace's PID 1: 2 more."""
     cpu = math.ceil(limits.timeout_s) + 1
     memory = limits.memory_mb << 20
     processes = limits.max_processes + (_own_task_count() if shared_uid else 0)
+    processes += 2 if namespace else 0
     return {
         "RLIMIT_AS": [memory, memory],
         "RLIMIT_CPU": [cpu, cpu + 1],
@@ -223,72 +239,6 @@ def _verdicts(results: str) -> list[bool] | None:
 def _read(fd: int, limit: int) -> str:
     os.lseek(fd, 0, os.SEEK_SET)
     return os.read(fd, limit).decode("utf-8", errors="replace")
-
-
-def _wait(proc: subprocess.Popen[bytes], timeout: float) -> bool:
-    """Wait up to ``timeout`` s; True when it exited. A pidfd avoids ``Popen.wait``'s polling."""
-    try:
-        pidfd = os.pidfd_open(proc.pid)
-    except (AttributeError, OSError):  # no pidfd (old kernel or not Linux): poll
-        try:
-            proc.wait(timeout=timeout)
-            return True
-        except subprocess.TimeoutExpired:
-            return False
-    try:
-        select.select([pidfd], [], [], timeout)
-    finally:
-        os.close(pidfd)
-    return proc.poll() is not None
-
-
-def _processes_of(uids: set[int]) -> list[int]:
-    """Live (non-zombie) processes whose real uid is in ``uids``."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/status") as f:
-                status = f.read()
-        except (OSError, ValueError):
-            continue
-        match = re.search(r"^Uid:\s+(\d+)", status, re.MULTILINE)
-        zombie = re.search(r"^State:\s+Z", status, re.MULTILINE)
-        if entry.isdigit() and match and int(match.group(1)) in uids and not zombie:
-            pids.append(int(entry))
-    return pids
-
-
-def _reap(proc, cgroup: sandbox_cgroup.RunCgroup | None, uids) -> None:
-    """Kill everything the run started, so that nothing outlives it, not even a zombie.
-
-    With a cgroup: every task in it, until it is empty. Without: the throwaway uids' processes
-    (killing the launcher first would orphan them to the host's init), then the process group.
-    """
-    if cgroup is not None:
-        if not cgroup.kill_all():
-            logger.warning("code_tests sandbox: tasks %s outlived their run", cgroup.tasks())
-    deadline = time.monotonic() + 5.0
-    while True:
-        stray = _processes_of(set(uids)) if uids and cgroup is None else []
-        for pid in stray:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        late = time.monotonic() > deadline
-        if not stray or late:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if not uids or cgroup is not None or late:
-            proc.wait()
-            if stray:
-                logger.warning("code_tests sandbox: processes %s outlived their run", stray)
-            return
-        if proc.poll() is not None and not stray:
-            return
-        time.sleep(0.005)
 
 
 _LOG_LOCK = threading.Lock()
@@ -315,10 +265,12 @@ def isolation_level(isolation: str = "auto") -> str:
         return _announced(isolation)
     level = _best_level()
     if isolation == "strict" and level == "rlimits":
+        reasons = "; ".join(f"{lvl}: {_why_not(lvl)}" for lvl in LEVELS[:-1])
         raise IsolationError(
             "code_tests isolation='strict' needs a minimal root and none can be built here: "
-            f"bwrap: {_why_not('bwrap')}; pivot_root: {_why_not('pivot_root')}. "
-            "Run as root with bubblewrap (apt-get install bubblewrap) or util-linux unshare."
+            f"{reasons}. Install bubblewrap (apt-get install bubblewrap) and run as root, or as "
+            "another user where unprivileged user namespaces are allowed (sysctl "
+            "kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0)."
         )
     return _announced(level)
 
@@ -339,20 +291,30 @@ def _announced(level: str) -> str:
     limits = cgroup.describe() if cgroup else "per-process rlimits only (no usable cgroup)"
     with _LOG_LOCK:
         if level == "rlimits":
+            shared = "" if os.geteuid() == 0 else ", the program shares the judge's uid"
             logger.warning(
-                "code_tests sandbox: isolation=rlimits - NO minimal root, NO network isolation "
-                "(bwrap: %s; pivot_root: %s), limits=%s",
-                _why_not("bwrap"),
-                _why_not("pivot_root"),
+                "code_tests sandbox: isolation=rlimits - NO minimal root, NO network isolation%s"
+                " (%s), limits=%s",
+                shared,
+                "; ".join(f"{lvl}: {_why_not(lvl) or 'available'}" for lvl in LEVELS[:-1]),
                 limits,
             )
-        else:
-            logger.info(
-                "code_tests sandbox: isolation=%s (minimal root: interpreter + stdlib read-only, "
-                "tmpfs /work, private /proc, no network), limits=%s",
-                level,
-                limits,
-            )
+            return level
+        apart = "two uids"
+        if level == "bwrap-user":
+            apart = "one uid, the program alone in its own user and PID namespaces"
+            if cgroup is None:
+                limits += (
+                    ": memory_mb holds per process, max_processes for the program's whole "
+                    "process tree (its own user namespace)"
+                )
+        logger.info(
+            "code_tests sandbox: isolation=%s (minimal root: interpreter + stdlib read-only, "
+            "tmpfs /work, private /proc, no network; %s), limits=%s",
+            level,
+            apart,
+            limits,
+        )
     return level
 
 
@@ -365,9 +327,13 @@ def _why_not(level: str) -> str:
         except IsolationError as exc:
             return str(exc)
         return ""
-    if os.geteuid() != 0:
+    if level == "bwrap-user" and os.geteuid() == 0:
+        return "running as root (level bwrap gives the program and the judge two uids)"
+    if level != "bwrap-user" and os.geteuid() != 0:
         return "not running as root"
-    if level == "bwrap" and not shutil.which("bwrap", path=sandbox_launch.SAFE_PATH):
+    if level in sandbox_launch.BWRAP_LEVELS and not shutil.which(
+        "bwrap", path=sandbox_launch.SAFE_PATH
+    ):
         return "bwrap is not installed"
     try:
         code = "import os\nprint(sorted(os.listdir('/')))"

@@ -1,4 +1,5 @@
-"""How each isolation level starts a run: its command line and the fixed part of its spec.
+"""How each isolation level starts a run (its command line and the fixed part of its spec),
+and how a run is waited for and stopped.
 
 ``bwrap`` runs ``bwrap`` with the root of :mod:`reward_fns.sandbox_root` and starts
 ``_sandbox_init`` inside it; ``pivot_root`` and ``rlimits`` start ``_sandbox_init`` directly (at
@@ -9,21 +10,30 @@ runs under a throwaway uid that must read the standard library; pyenv puts it un
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import asdict
 from functools import lru_cache
 
 from reward_fns import sandbox_root
 
+logger = logging.getLogger("reward_fns.code")
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 HERE = os.path.dirname(os.path.abspath(__file__))
 BWRAP = ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--die-with-parent"]
 BWRAP += ["--as-pid-1", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
 BWRAP += ["--cap-add", "CAP_CHOWN", "--chdir", "/"]
+BWRAP_USER = ["--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
+BWRAP_USER += ["--die-with-parent", "--as-pid-1", "--cap-drop", "ALL", "--chdir", "/"]
+BWRAP_LEVELS = ("bwrap", "bwrap-user")  # bubblewrap builds the root
 
 
 class IsolationError(RuntimeError):
@@ -119,11 +129,114 @@ def rlimits_python() -> str:
 
 def command(level: str, packages: tuple[str, ...], workdir_mb: int, spec_fd: int) -> list[str]:
     """The command line that starts a run's first process (``_sandbox_init``) at ``level``."""
-    if level != "bwrap":  # _sandbox_init makes the namespaces itself at level pivot_root
+    if level not in BWRAP_LEVELS:  # _sandbox_init makes the namespaces itself at pivot_root
         init = os.path.join(HERE, "_sandbox_init.py")
         python = rlimits_python() if level == "rlimits" else os.path.realpath(sys.executable)
         return [python, "-I", "-S", init, str(spec_fd)]
     root = root_for(packages, workdir_mb)
     boot = [root.python, "-I", "-S", f"{sandbox_root.RUNTIME_DIR}/_sandbox_init.py", str(spec_fd)]
     env = ["--setenv", "LD_LIBRARY_PATH", root.library_path]
-    return ["bwrap", *sandbox_root.bwrap_args(root), *BWRAP, *env, *boot]
+    flags = BWRAP if level == "bwrap" else BWRAP_USER
+    return ["bwrap", *sandbox_root.bwrap_args(root), *flags, *env, *boot]
+
+
+def wait(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Wait up to ``timeout`` s; True when it exited. A pidfd avoids ``Popen.wait``'s polling."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # no pidfd (old kernel or not Linux): poll
+        try:
+            proc.wait(timeout=timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    try:
+        select.select([pidfd], [], [], timeout)
+    finally:
+        os.close(pidfd)
+    return proc.poll() is not None
+
+
+def _processes_of(uids: set[int]) -> list[int]:
+    """Live (non-zombie) processes whose real uid is in ``uids``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                status = f.read()
+        except (OSError, ValueError):
+            continue
+        match = re.search(r"^Uid:\s+(\d+)", status, re.MULTILINE)
+        zombie = re.search(r"^State:\s+Z", status, re.MULTILINE)
+        if entry.isdigit() and match and int(match.group(1)) in uids and not zombie:
+            pids.append(int(entry))
+    return pids
+
+
+def reap(proc, cgroup, uids, level: str) -> None:
+    """Kill everything the run started, so that nothing outlives it, not even a zombie.
+
+    With a cgroup: every task in it, until it is empty. Without: the throwaway uids' processes
+    (killing the launcher first would orphan them to the host's init), then the process group.
+    At ``bwrap-user`` without a cgroup: bubblewrap's child first (see :func:`_stop_namespace`).
+    """
+    if level == "bwrap-user" and cgroup is None:
+        _stop_namespace(proc)
+    if cgroup is not None:
+        if not cgroup.kill_all():
+            logger.warning("code_tests sandbox: tasks %s outlived their run", cgroup.tasks())
+    deadline = time.monotonic() + 5.0
+    while True:
+        stray = _processes_of(set(uids)) if uids and cgroup is None else []
+        for pid in stray:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        late = time.monotonic() > deadline
+        if not stray or late:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if not uids or cgroup is not None or late:
+            proc.wait()
+            if stray:
+                logger.warning("code_tests sandbox: processes %s outlived their run", stray)
+            return
+        if proc.poll() is not None and not stray:
+            return
+        time.sleep(0.005)
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _stop_namespace(proc: subprocess.Popen[bytes]) -> None:
+    """Level ``bwrap-user`` still running: SIGKILL bubblewrap's child, PID 1 of the run's PID
+    namespace. The kernel kills the whole namespace (the program's nested one too) before that
+    exit reaches bubblewrap, which then exits itself: once ``proc.wait`` returns, nothing of the
+    run is left. Killing bubblewrap first would orphan a still dying namespace to the host."""
+    if proc.poll() is not None:
+        return
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or _parent_of(int(entry)) != proc.pid:
+            continue
+        try:
+            pidfd = os.pidfd_open(int(entry))
+        except OSError:
+            continue
+        try:
+            if _parent_of(int(entry)) == proc.pid:  # still ours, now that the pidfd pins it
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        finally:
+            os.close(pidfd)
+    try:
+        proc.wait(timeout=5.0)
+    except subprocess.TimeoutExpired:
+        pass  # reap()'s process-group kill follows
