@@ -158,9 +158,11 @@ def _eval_parser(sub) -> None:
     p.add_argument("--load-in-4bit", action="store_true")
     p.add_argument("--output", default=None, help="also write the result JSON here")
     p.add_argument(
-        "--tool", action="append", default=None,
+        "--tool",
+        action="append",
+        default=None,
         help="a tool the model may call: python, module:function or file.py:function (repeat)",
-    )  # fmt: skip
+    )
     p.add_argument("--tool-chat-template", default="auto", help="auto | chatml | model")
     p.add_argument("--max-tool-calling-iterations", type=int, default=None)
     p.add_argument("--tool-timeout", type=float, default=10.0, help="seconds per round of calls")

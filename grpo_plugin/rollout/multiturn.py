@@ -94,8 +94,9 @@ def _groups_share(prompt_ids: list[list[int]], group: int) -> bool:
 class _Loop:
     """The loop's state: trajectories, the cache of the rows still going, and the counters."""
 
-    def __init__(self, model, tokenizer, setup: ToolSetup, sampling, prompts, boxes, eos, pad,
-                 noise, record):  # fmt: skip
+    def __init__(
+        self, model, tokenizer, setup: ToolSetup, sampling, prompts, boxes, eos, pad, noise, record
+    ):
         self.model, self.tokenizer, self.setup = model, tokenizer, setup
         self.sampling, self.prompts, self.boxes = sampling, prompts, boxes
         self.eos, self.pad, self.noise, self.record = eos, pad, noise, record
@@ -166,9 +167,18 @@ class _Loop:
         noise = ShiftedNoise(self.noise, torch.tensor(next_rows), used).to(attention.device)
         seen = self._seen(next_rows, attention.device) if sampling.repetition_penalty != 1 else None
         decoded = continue_decoding(
-            self.model, out.cache, attention, ids, mask, sampling, eos_token_ids=self.eos,
-            pad_token_id=self.pad, noise=noise, seen=seen, record_logprobs=self.record,
-        )  # fmt: skip
+            self.model,
+            out.cache,
+            attention,
+            ids,
+            mask,
+            sampling,
+            eos_token_ids=self.eos,
+            pad_token_id=self.pad,
+            noise=noise,
+            seen=seen,
+            record_logprobs=self.record,
+        )
         return next_rows, decoded
 
     def _seen(self, rows: list[int], device) -> torch.Tensor:
@@ -201,12 +211,30 @@ def run_tool_loop(
     noise = noise if noise is not None else GeneratorNoise(None)
     shared = _groups_share(prompt_ids, group)
     unique = prompt_ids[::group] if shared else prompt_ids
-    loop = _Loop(model, tokenizer, setup, sampling, prompt_ids, boxes, eos_token_ids,
-                 pad_token_id, noise, record_logprobs)  # fmt: skip
+    loop = _Loop(
+        model,
+        tokenizer,
+        setup,
+        sampling,
+        prompt_ids,
+        boxes,
+        eos_token_ids,
+        pad_token_id,
+        noise,
+        record_logprobs,
+    )
     ids, mask, out, loop.prefilled = prefill_and_decode(
-        model, unique, group if shared else 1, eos_token_ids, pad_token_id, sampling, noise,
-        share_prompt_prefix, drop_finished=False, record_logprobs=record_logprobs,
-    )  # fmt: skip
+        model,
+        unique,
+        group if shared else 1,
+        eos_token_ids,
+        pad_token_id,
+        sampling,
+        noise,
+        share_prompt_prefix,
+        drop_finished=False,
+        record_logprobs=record_logprobs,
+    )
     rows, width, rounds = list(range(len(prompt_ids))), mask.shape[1], 0
     with torch.inference_mode():
         while True:

@@ -99,9 +99,17 @@ def sample_groups(
     `tools`, G multi-turn exchanges (`multiturn.py`)."""
     if tools is not None:
         return _sample_with_tools(
-            model, tokenizer, rows, sampling, tools, num_generations, max_prompt_length,
-            chat_template_kwargs, share_prompt_prefix, noise or GeneratorNoise(generator),
-        )  # fmt: skip
+            model,
+            tokenizer,
+            rows,
+            sampling,
+            tools,
+            num_generations,
+            max_prompt_length,
+            chat_template_kwargs,
+            share_prompt_prefix,
+            noise or GeneratorNoise(generator),
+        )
     prompt_ids = encode_prompts(
         tokenizer,
         [r["prompt"] for r in rows],
@@ -127,9 +135,17 @@ def sample_groups(
 
 
 def _sample_with_tools(
-    model, tokenizer, rows, sampling, setup: ToolSetup, group, max_prompt_length, template_kwargs,
-    share, noise,
-) -> Rollout:  # fmt: skip
+    model,
+    tokenizer,
+    rows,
+    sampling,
+    setup: ToolSetup,
+    group,
+    max_prompt_length,
+    template_kwargs,
+    share,
+    noise,
+) -> Rollout:
     repeated = [r for r in rows for _ in range(group)]
     prompts, boxes, environments = setup.start(repeated)
     prompt_ids = []
@@ -140,9 +156,18 @@ def _sample_with_tools(
     eos = sorted(set(eos_token_ids(model, tokenizer)) | set(setup.format.stop_token_ids(tokenizer)))
     pad = eos[0] if tokenizer.pad_token_id is None else tokenizer.pad_token_id
     result = run_tool_loop(
-        model, tokenizer, prompt_ids, boxes, setup, sampling, group=group, eos_token_ids=eos,
-        pad_token_id=pad, share_prompt_prefix=share, noise=noise,
-    )  # fmt: skip
+        model,
+        tokenizer,
+        prompt_ids,
+        boxes,
+        setup,
+        sampling,
+        group=group,
+        eos_token_ids=eos,
+        pad_token_id=pad,
+        share_prompt_prefix=share,
+        noise=noise,
+    )
     completions = [t.messages for t in result.trajectories]
     ids = [t.ids for t in result.trajectories]
     columns = {k: [r[k] for r in repeated] for k in rows[0] if k != "prompt"}
