@@ -1,8 +1,8 @@
 """`GRPOConfig`: TRL's GRPO options (same names, same meanings) plus grpo-plugin's own.
 
 The TRL 1.16 fields not defined here live in `config_trl.TRLArguments` (implemented, or accepted
-only at TRL's default) and the tool-calling ones in `config_tools.ToolArguments`, which this class
-extends.
+only at TRL's default), the tool-calling ones in `config_tools.ToolArguments` and the memory
+autopilot's in `config_autopilot.AutopilotArguments`, which this class extends.
 
 Defaults that differ from `transformers.TrainingArguments`:
 - `learning_rate=1e-5`: TRL's 1e-6 targets full fine-tuning. A LoRA update is a rank-r delta scaled by
@@ -12,6 +12,8 @@ Defaults that differ from `transformers.TrainingArguments`:
 - `bf16=None`: resolved to True only on a CUDA device that supports bf16; fp32 on CPU.
 - `report_to="none"`, `remove_unused_columns=False` (reward functions read the extra columns).
 - `gradient_checkpointing=False` (TRL turns it on; on small models it costs ~30% speed for nothing).
+- `auto_find_batch_size` is the memory autopilot (`autopilot.py`): it keeps prompt groups whole
+  (TRL refuses the option for GRPO, since transformers' halving splits groups).
 - `metric_for_best_model="accuracy"` when `load_best_model_at_end` is set without one (the Trainer's
   default, the eval loss, says little about a GRPO policy: on-policy it is about 0).
 """
@@ -27,7 +29,7 @@ import torch
 from .._compat import launched_without_accelerators
 from ..core.objectives import ESTIMATORS, LossParams
 from ..rollout.types import SamplingParams
-from .config_tools import ToolArguments
+from .config_autopilot import AutopilotArguments
 
 logger = logging.getLogger(__name__)
 SCALE_REWARDS = ("group", "batch", "none")
@@ -41,7 +43,7 @@ def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
 
 
 @dataclass
-class GRPOConfig(ToolArguments):
+class GRPOConfig(AutopilotArguments):
     """Configuration for `GRPOTrainer`. Every field has help text (`--help` in the CLI shows it)."""
 
     # --- overridden TrainingArguments defaults -------------------------------------------------
@@ -310,11 +312,6 @@ class GRPOConfig(ToolArguments):
         if self.max_resample_rounds < 0:
             raise ValueError("max_resample_rounds must be >= 0.")
         self._check_evaluation()
-        if self.auto_find_batch_size:
-            raise ValueError(
-                "auto_find_batch_size would split prompt groups; set it False and lower "
-                "per_device_train_batch_size instead."
-            )
 
     def _check_evaluation(self) -> None:
         if self.num_generations_eval is not None and self.num_generations_eval < 1:

@@ -5,6 +5,7 @@ into a checkpoint, checkpoints written atomically.
       resolve_resume       a path or True -> the newest complete checkpoint (checkpoints.py)
       run_lock.claim       lock output_dir; refuse a rerun that neither resumes nor overwrites
       cut_back_to_step     metrics.jsonl and completions/ back to the checkpoint's step
+      autopilot.apply      auto_find_batch_size: the micro-batch that fits (autopilot.py)
       handlers_installed   SIGTERM / Ctrl-C -> save and stop (preemption.py)
       Trainer.train        (its `_save_checkpoint` goes through `save_checkpoint` below)
 
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..rollout.types import TrainingBatch
-from . import checkpoints, run_lock, rundir
+from . import autopilot, checkpoints, run_lock, rundir
 from .preemption import PreemptionCallback, TrainingInterrupted, handlers_installed
 
 logger = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ def train(trainer: Any, base_train: Callable[..., Any], resume: str | bool | Non
         if main and checkpoint is not None:
             rundir.cut_back_to_step(a.output_dir, checkpoints.checkpoint_step(checkpoint) or 0)
             checkpoints.remove_staging(a.output_dir)
+        autopilot.apply(trainer, checkpoint)  # before the first step (no-op when it is off)
         guard = PreemptionCallback(trainer.accelerator)
         trainer.add_callback(guard)
         try:

@@ -5,7 +5,8 @@
 and probes one instance of each environment, so a tool without type hints or docstring, a
 duplicate name or an environment without `reset` fails at once with one line. The chat
 template is checked against the tokenizer (`setup`) once it is loaded, before training starts.
-A `rollout_func` runs its own loop, so it is refused together with tools or environments.
+A `rollout_func` runs its own loop, so it is refused together with tools or environments; given
+the config, what the memory autopilot cannot plan for is refused too (`autopilot.check_inputs`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ..rollout.chat_tools import resolve_tool_format
 from ..rollout.environments import Environments
 from ..rollout.multiturn import ToolSetup
 from ..rollout.tools import Tool, toolbox
+from .autopilot import check_inputs
 from .eval_setup import load_callable
 
 
@@ -64,7 +66,9 @@ class ToolInputs:
     rollout_func: Callable[..., dict[str, Any]] | None
 
     @classmethod
-    def check(cls, tools: Any, rollout_func: Any, environment_factory: Any) -> ToolInputs:
+    def check(
+        cls, tools: Any, rollout_func: Any, environment_factory: Any, args: Any = None
+    ) -> ToolInputs:
         if rollout_func is not None and not callable(rollout_func):
             raise ValueError("rollout_func must be a callable (prompts, trainer) -> dict")
         if rollout_func is not None and (tools or environment_factory is not None):
@@ -77,7 +81,10 @@ class ToolInputs:
         if environments is not None:
             for instance in (pool[0] for pool in environments.pool.values()):
                 toolbox(resolved + environments.tools_of(instance))
-        return cls(resolved, environments, rollout_func)
+        inputs = cls(resolved, environments, rollout_func)
+        if args is not None:
+            check_inputs(args, inputs)  # what auto_find_batch_size cannot plan for
+        return inputs
 
     def check_dataset(self, dataset: Any) -> None:
         """Tools need chat prompts; with a dict of environments every row must name one

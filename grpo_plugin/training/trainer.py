@@ -105,7 +105,7 @@ class GRPOTrainer(Trainer):
         if not isinstance(args, GRPOConfig):
             raise TypeError(f"args must be a grpo_plugin.GRPOConfig, got {type(args).__name__}.")
         # Cheap checks first: nothing is loaded before the inputs are known to be usable.
-        tool_inputs = ToolInputs.check(tools, rollout_func, environment_factory)
+        tool_inputs = ToolInputs.check(tools, rollout_func, environment_factory, args)
         train_dataset, eval_dataset = check_inputs(model, args, train_dataset, eval_dataset)
         tool_inputs.check_dataset(train_dataset)
         self._previous_run_files = run_lock.previous_run_files(args.output_dir)  # before any write

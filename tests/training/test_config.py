@@ -40,7 +40,7 @@ def test_generation_batch_is_derived_like_trl(tmp_path):
         ({"temperature": 0.0}, "temperature"),
         ({"num_iterations": 0}, "num_iterations"),
         ({"generation_batch_size": 16, "steps_per_generation": 2}, "not both"),
-        ({"auto_find_batch_size": True}, "split prompt groups"),
+        ({"auto_batch_memory_gb": 0.0}, "auto_batch_memory_gb=0.0 must be > 0"),
     ],
 )
 def test_contradictions_are_rejected(tmp_path, kw, message):
