@@ -146,9 +146,17 @@ def _generate(model, prompt_ids, group, eos_token_ids, pad_id, sampling, noise, 
 
 @torch.inference_mode()
 def prefill_and_decode(
-    model, prompt_ids, group, eos_token_ids, pad_id, sampling, noise, share,
-    drop_finished=True, record_logprobs=False,
-) -> tuple[torch.LongTensor, torch.LongTensor, Decoded, int]:  # fmt: skip
+    model,
+    prompt_ids,
+    group,
+    eos_token_ids,
+    pad_id,
+    sampling,
+    noise,
+    share,
+    drop_finished=True,
+    record_logprobs=False,
+) -> tuple[torch.LongTensor, torch.LongTensor, Decoded, int]:
     """Prefill the prompts (once per group with `share`) and decode their N = P * G rows:
     `(prompt ids (N, Lp), prompt mask (N, Lp), Decoded, prefilled tokens)`. The multi-turn loop
     keeps every row in the cache (`drop_finished=False`) to continue it after a tool call."""
@@ -164,17 +172,36 @@ def prefill_and_decode(
         seen = torch.zeros(logits.shape, dtype=torch.bool, device=device)
         seen.scatter_(1, ids, mask.bool())  # pad columns scatter False: only real tokens count
     out = decode(
-        decoder, logits, cache, mask, sampling, noise, eos_token_ids, pad_id, seen,
-        drop_finished=drop_finished, record_logprobs=record_logprobs,
-    )  # fmt: skip
+        decoder,
+        logits,
+        cache,
+        mask,
+        sampling,
+        noise,
+        eos_token_ids,
+        pad_id,
+        seen,
+        drop_finished=drop_finished,
+        record_logprobs=record_logprobs,
+    )
     return ids, mask, out, prefilled
 
 
 @torch.inference_mode()
 def continue_decoding(
-    model, cache, attention, appended_ids, appended_mask, sampling, *, eos_token_ids,
-    pad_token_id, noise, seen=None, record_logprobs=False,
-) -> Decoded:  # fmt: skip
+    model,
+    cache,
+    attention,
+    appended_ids,
+    appended_mask,
+    sampling,
+    *,
+    eos_token_ids,
+    pad_token_id,
+    noise,
+    seen=None,
+    record_logprobs=False,
+) -> Decoded:
     """Continue A cached rows after new tokens (a tool result and the template glue around it).
 
     `cache` holds exactly these A rows and `attention` `(A, W)` says which of its columns each
@@ -187,15 +214,34 @@ def continue_decoding(
     positions = position_ids_from_mask(attention)[:, -appended_ids.shape[1] :]  # (A, B)
     logits, cache = decoder(appended_ids, attention, positions, cache)
     return decode(
-        decoder, logits, cache, attention, sampling, noise, eos_token_ids, pad_token_id, seen,
-        drop_finished=False, record_logprobs=record_logprobs,
-    )  # fmt: skip
+        decoder,
+        logits,
+        cache,
+        attention,
+        sampling,
+        noise,
+        eos_token_ids,
+        pad_token_id,
+        seen,
+        drop_finished=False,
+        record_logprobs=record_logprobs,
+    )
 
 
 def decode(
-    decoder, logits, cache, attention, sampling, noise, eos_token_ids, pad_id, seen=None, *,
-    drop_finished=True, record_logprobs=False,
-) -> Decoded:  # fmt: skip
+    decoder,
+    logits,
+    cache,
+    attention,
+    sampling,
+    noise,
+    eos_token_ids,
+    pad_id,
+    seen=None,
+    *,
+    drop_finished=True,
+    record_logprobs=False,
+) -> Decoded:
     """The decode loop over A rows, from the last-position `logits` `(A, V)` of what `cache` holds
     (`attention` `(A, W)`). Rows stop at any eos id; with `drop_finished`, finished rows leave the
     batch and the cache once they are a quarter of it. Row a reads `noise.uniforms([a], t)`."""
