@@ -8,6 +8,7 @@ library internals: it calls these helpers.
 | `keep_bnb_4bit_weights_trainable`   | bitsandbytes 0.50 on AVX512-BF16 CPUs | bnb's CPU repack keeps autograd |
 | `cache_argument_name`               | transformers 4.x (`past_key_values`) vs 5.x (`cache`) | transformers < 5 is unsupported |
 | `output_cache`                      | the same rename on model outputs      | the same                       |
+| `accepts_logits_to_keep`            | transformers 4.45+ models take `logits_to_keep` (older and some remote-code models do not) | every supported model takes it |
 | `expand_cache`, `can_drop_cache_rows` | caches without `batch_repeat_interleave` / `batch_select_indices` (transformers 5.x: static, hybrid and some remote-code caches) | every cache implements both |
 | `gradient_checkpointing_active`     | transformers 5.x renamed `is_gradient_checkpointing` to `is_activation_checkpointing` | the old name is removed (v6) |
 | `unwrap_peft`                       | peft 0.21 `PeftModel` wraps the transformers model | -- (peft API, kept as one call site) |
@@ -131,6 +132,11 @@ def cache_argument_name(module: torch.nn.Module) -> str:
     """transformers 5.x calls the KV-cache argument `cache`; older models use `past_key_values`."""
     params = inspect.signature(module.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
+
+
+def accepts_logits_to_keep(module: torch.nn.Module) -> bool:
+    """Whether the forward can return the last position's logits only (`logits_to_keep=1`)."""
+    return "logits_to_keep" in inspect.signature(module.forward).parameters
 
 
 def output_cache(outputs) -> object | None:

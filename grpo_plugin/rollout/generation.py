@@ -21,12 +21,12 @@ the cache through transformers' Cache API only (`batch_repeat_interleave`,
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 
 import torch
 
 from .._compat import (
+    accepts_logits_to_keep,
     cache_argument_name,
     can_drop_cache_rows,
     expand_cache,
@@ -46,9 +46,8 @@ class _Decoder:
 
     def __init__(self, model: torch.nn.Module):
         self.model = unwrap_peft(model)
-        params = inspect.signature(self.model.forward).parameters
         self.cache_arg = cache_argument_name(self.model)
-        self.keeps_last_only = "logits_to_keep" in params
+        self.keeps_last_only = accepts_logits_to_keep(self.model)
 
     def __call__(self, input_ids, attention_mask, position_ids, cache=None):
         kwargs = {self.cache_arg: cache, "use_cache": True}
