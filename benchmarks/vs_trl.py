@@ -19,6 +19,8 @@ generate seconds. Peak RSS = `ru_maxrss` of the child at the end (includes model
 `--scaling` forces full-length completions: in that child, `grpo_plugin.rollout.prompts.eos_token_ids`
 is wrapped to receive an EOS id outside the vocabulary, so every row decodes exactly
 `max_completion_length` tokens.
+The child side (one trainer per process, the shared data, reward and settings) is
+`vs_trl_child.py`.
 """
 
 from __future__ import annotations
@@ -27,272 +29,24 @@ import argparse
 import json
 import os
 import platform
-import re
-import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-PREFIX = "@@BENCH "
-GSM8K_TRAIN = Path(os.environ.get("GSM8K_TRAIN", "/work/shared/data/gsm8k/train.jsonl"))
-CONFIGS = {"short": {"max_new_tokens": 24}, "long": {"max_new_tokens": 64}}
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or loaded by the tests
+from vs_trl_child import (  # noqa: E402
+    CONFIGS,
+    LORA,
+    PREFIX,
+    SHARED_ARGS,
+    TRL_ARGS,
+    run_child,
+)
+
 TARGETS = {"short": {"step": 0.5, "memory": 0.7}, "long": {"step": 0.35, "memory": 0.7}}
-LORA = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": "all-linear"}
-# Settings both trainers get (TRL names; ours uses the same names and meanings).
-SHARED_ARGS = {
-    "num_generations": 8,
-    "per_device_train_batch_size": 16,
-    "gradient_accumulation_steps": 1,
-    "temperature": 1.0,
-    "top_p": 1.0,
-    "top_k": 0,
-    "repetition_penalty": 1.0,
-    "beta": 0.0,
-    "loss_type": "dapo",
-    "scale_rewards": "group",
-    "num_iterations": 1,
-    "epsilon": 0.2,
-    "learning_rate": 1e-5,
-    "gradient_checkpointing": False,
-    "shuffle_dataset": False,  # both walk the dataset in order: the same prompts at each step
-    "logging_steps": 1,
-    "save_strategy": "no",
-    "report_to": "none",
-    "disable_tqdm": True,
-    "dataloader_num_workers": 0,
-    "seed": 0,
-}
-# TRL-only flags: its fastest correct settings for this job.
-TRL_ARGS = {
-    "use_vllm": False,  # no vLLM on CPU; HF `generate` is TRL's other backend
-    "use_transformers_paged": False,
-    "use_liger_kernel": False,
-    "cast_lm_head_to_fp32": False,
-    "mask_truncated_completions": False,
-    "log_completions": False,
-    "min_p": None,
-    "cache_implementation": None,  # dynamic KV cache in `generate`
-}
-
-
-# --- data and reward (identical for both trainers) ---------------------------------------------
-def _last_number(text: str) -> str | None:
-    found = re.findall(r"-?\d[\d,]*\.?\d*", text)
-    return found[-1].replace(",", "").rstrip(".") if found else None
-
-
-def exact_answer_reward(completions: list, answer: list[str], **kwargs: Any) -> list[float]:
-    """1.0 when the completion's last number equals the gold number (after '####' for GSM8K)."""
-    rewards = []
-    for completion, gold in zip(completions, answer):
-        text = completion[-1]["content"] if isinstance(completion, list) else completion
-        rewards.append(float(_last_number(text) == _last_number(gold.split("####")[-1])))
-    return rewards
-
-
-def gsm8k_few_shot_dataset(n_prompts: int, shots: int):
-    """GSM8K chat prompts: system + the first `shots` training examples as turns + a question."""
-    from datasets import Dataset
-
-    from grpo_plugin.app.data import GSM8K_SYSTEM_PROMPT
-
-    if not GSM8K_TRAIN.is_file():
-        raise ValueError(f"{GSM8K_TRAIN} not found; set GSM8K_TRAIN=/path/to/gsm8k/train.jsonl.")
-    with GSM8K_TRAIN.open() as fh:
-        rows = [json.loads(line) for _, line in zip(range(shots + n_prompts), fh)]
-    context = [{"role": "system", "content": GSM8K_SYSTEM_PROMPT}]
-    for row in rows[:shots]:
-        context += [
-            {"role": "user", "content": row["question"]},
-            {"role": "assistant", "content": row["answer"]},
-        ]
-    questions = rows[shots:]
-    return Dataset.from_dict(
-        {
-            "prompt": [[*context, {"role": "user", "content": r["question"]}] for r in questions],
-            "answer": [r["answer"] for r in questions],
-        }
-    )
-
-
-def build_dataset(config: str, n_prompts: int, shots: int):
-    if config == "short":
-        from grpo_plugin.app.data import arithmetic_dataset
-
-        return arithmetic_dataset(n_train=max(n_prompts, 8), n_eval=8)[0]
-    return gsm8k_few_shot_dataset(n_prompts, shots)
-
-
-# --- child: one trainer, driven step by step over stdin/stdout ----------------------------------
-def emit(kind: str, **payload: Any) -> None:
-    sys.stdout.write(PREFIX + json.dumps({"kind": kind, **payload}) + "\n")
-    sys.stdout.flush()
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-
-
-def lockstep_callback(probe: dict[str, float]):
-    """Waits for 'go' before each step; reports each step's timings once the trainer logged it."""
-    from transformers import TrainerCallback
-
-    class Lockstep(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kwargs):
-            emit("ready", setup_rss_mb=peak_rss_mb())
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            sys.stdin.readline()
-            probe.update(generate_s=0.0, score_s=0.0, tokens=0.0)
-            probe.update(start=time.perf_counter(), cpu_start=time.process_time())
-
-        def on_step_end(self, args, state, control, **kwargs):
-            probe["step_s"] = time.perf_counter() - probe["start"]
-            probe["cpu_s"] = time.process_time() - probe["cpu_start"]
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "loss" in logs:
-                emit("step", **step_record(probe, logs, args.per_device_train_batch_size))
-
-    return Lockstep()
-
-
-def step_record(probe: dict[str, float], logs: dict[str, float], rows: int) -> dict[str, float]:
-    if "timing/generate_s" in logs:  # ours logs its own breakdown
-        generate, score = logs["timing/generate_s"], logs["timing/reward_s"]
-        tokens = logs["completions/mean_length"] * rows
-    else:  # TRL: measured by the wrappers in `time_trl_phases`
-        generate, score, tokens = probe["generate_s"], probe["score_s"], probe["tokens"]
-    step = probe["step_s"]
-    return {
-        "step_s": step,
-        "cpu_s": probe["cpu_s"],  # CPU seconds of the whole process (all threads) in the step
-        "generate_s": generate,
-        "score_s": score,
-        "train_s": step - generate - score,
-        "tokens": tokens,
-        "tokens_per_s": tokens / max(generate, 1e-9),
-        "reward": logs.get("reward", float("nan")),
-    }
-
-
-def time_trl_phases(trainer, probe: dict[str, float]) -> None:
-    """Wrap TRL's generation and reward methods on this instance to time them (TRL untouched)."""
-    generate, rewards = trainer._generate, trainer._calculate_rewards
-
-    def timed_generate(*args, **kwargs):
-        start = time.perf_counter()
-        out = generate(*args, **kwargs)
-        probe["generate_s"] += time.perf_counter() - start
-        probe["tokens"] += sum(len(ids) for ids in out[1])  # out[1]: completion ids per row
-        return out
-
-    def timed_rewards(*args, **kwargs):
-        start = time.perf_counter()
-        out = rewards(*args, **kwargs)
-        probe["score_s"] += time.perf_counter() - start
-        return out
-
-    trainer._generate, trainer._calculate_rewards = timed_generate, timed_rewards
-
-
-def model_init_kwargs(opts) -> dict[str, Any]:
-    import torch
-
-    kwargs: dict[str, Any] = {"dtype": torch.bfloat16 if opts.bf16 else torch.float32}
-    if opts.load_in_4bit:
-        from transformers import BitsAndBytesConfig
-
-        kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=kwargs["dtype"]
-        )
-    return kwargs
-
-
-def build_trainer(opts, dataset, output_dir: str):
-    from peft import LoraConfig
-
-    shared = {
-        **SHARED_ARGS,
-        "num_generations": opts.num_generations,
-        "per_device_train_batch_size": opts.num_generations * opts.prompts_per_step,
-        "max_completion_length": opts.max_new_tokens,
-        "max_steps": opts.warmup + opts.steps,
-        "output_dir": output_dir,
-        "bf16": opts.bf16,
-        "fp16": False,
-        "use_cpu": opts.device == "cpu",
-        "model_init_kwargs": model_init_kwargs(opts),
-    }
-    lora = LoraConfig(task_type="CAUSAL_LM", **LORA)
-    if opts.trainer == "trl":
-        from trl import GRPOConfig, GRPOTrainer
-
-        args = GRPOConfig(**shared, **TRL_ARGS)
-    else:
-        from grpo_plugin import GRPOConfig, GRPOTrainer
-
-        args = GRPOConfig(**shared, share_prompt_prefix=True)
-    return GRPOTrainer(
-        model=opts.model_dir,
-        reward_funcs=[exact_answer_reward],
-        args=args,
-        train_dataset=dataset,
-        peft_config=lora,
-    )
-
-
-def ignore_eos_in_generation(vocab_size: int) -> None:
-    """Make our rollouts decode to full length: EOS becomes an id the sampler never returns."""
-    import grpo_plugin.rollout.prompts as prompts
-
-    prompts.eos_token_ids = lambda model, tokenizer: [vocab_size]
-
-
-def mean_prompt_tokens(tokenizer, dataset, n: int) -> float:
-    texts = [
-        tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
-        for p in dataset["prompt"][:n]
-    ]
-    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
-    return sum(lengths) / len(lengths)
-
-
-def run_child(opts) -> None:
-    import torch
-
-    if opts.memory_limit_gb:  # fail with MemoryError instead of waking the OOM killer
-        limit = int(opts.memory_limit_gb * 2**30)
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    n_prompts = (opts.warmup + opts.steps) * opts.prompts_per_step
-    dataset = build_dataset(opts.config, n_prompts, opts.shots)
-    probe: dict[str, float] = {}
-    with tempfile.TemporaryDirectory() as out_dir:
-        trainer = build_trainer(opts, dataset, out_dir)
-        if opts.trainer == "trl":
-            time_trl_phases(trainer, probe)
-        if opts.ignore_eos:
-            ignore_eos_in_generation(trainer.model.config.vocab_size)
-        trainer.add_callback(lockstep_callback(probe))
-        prompt_tokens = mean_prompt_tokens(trainer.processing_class, dataset, n_prompts)
-        trainer.train()
-    emit(
-        "done",
-        peak_rss_mb=peak_rss_mb(),
-        prompt_tokens=prompt_tokens,
-        threads=torch.get_num_threads(),
-        versions=library_versions(),
-    )
-
-
-def library_versions() -> dict[str, str]:
-    from importlib.metadata import version
-
-    return {name: version(name) for name in ("torch", "transformers", "trl", "peft", "grpo-plugin")}
 
 
 # --- parent: spawn, drive, summarise -----------------------------------------------------------

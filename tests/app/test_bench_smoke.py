@@ -19,10 +19,11 @@ def bench():
     return load_script(HARNESS, "vs_trl")
 
 
-def test_reward_matches_last_number(bench):
+def test_reward_matches_last_number():
+    child = load_script(REPO_ROOT / "benchmarks" / "vs_trl_child.py", "vs_trl_child")
     completions = [[{"role": "assistant", "content": "3 + 4 = 7"}], "so 1,200.", "no idea", "7.5"]
     answers = ["7", "blah #### 1200", "3", "7"]
-    assert bench.exact_answer_reward(completions, answers) == [1.0, 1.0, 0.0, 0.0]
+    assert child.exact_answer_reward(completions, answers) == [1.0, 1.0, 0.0, 0.0]
 
 
 def test_child_flags_round_trip(bench):
