@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import tiny_config
 from scripted_policy import after_tool, call, last_turn, multiply, multiply_script, scripted_llama
+from transformers import TrainerCallback
 
 from grpo_plugin import GRPOConfig, GRPOTrainer
 
@@ -311,3 +312,47 @@ def test_evaluation_offers_the_tools_and_reports_the_call_rate(tiny_tokenizer, t
                       tools=trainer.tool_setup)  # fmt: skip
     assert result["accuracy"] == 1.0 and result["tool_call_rate"] == 1.0
     assert result["tool_calls"] == 1.0
+
+
+class CrashAt(TrainerCallback):
+    """Stops the process (as kill -9 would, after the last checkpoint) when step `step` + 1
+    begins."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise SystemExit("simulated crash")
+
+
+def test_a_tool_run_killed_mid_rollout_resumes_exactly(tiny_tokenizer, tmp_path):
+    """checkpoint-1 falls inside a 2-step multi-turn rollout: the resumed run trains on the
+    saved rollout (its sampled-token mask included) and ends where the uninterrupted one does."""
+    spanning = dict(per_device_train_batch_size=4, steps_per_generation=2, max_steps=4,
+                    save_strategy="steps", save_steps=1, learning_rate=1e-2)  # fmt: skip
+
+    def trainer(name: str):
+        return tool_trainer(tiny_tokenizer, tmp_path, output_dir=str(tmp_path / name), **spanning)
+
+    whole = trainer("whole")
+    whole.train()
+    crashed = trainer("resumed")
+    crashed.add_callback(CrashAt(1))
+    with pytest.raises(SystemExit):
+        crashed.train()
+    assert sorted(p.name for p in (tmp_path / "resumed").glob("checkpoint-*")) == ["checkpoint-1"]
+    resumed = trainer("resumed")
+    resumed.train(resume_from_checkpoint=True)
+    expected = whole.model.state_dict()
+    got = resumed.model.state_dict()
+    assert max((got[k] - expected[k]).abs().max().item() for k in expected) == 0.0
+
+    def lines(name: str) -> list[dict]:
+        rows = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(r).items() if not k.startswith(("timing/", "train_",
+                 "generation/tokens_per_s"))} for r in rows]  # fmt: skip
+
+    assert lines("resumed") == lines("whole")
+    assert [r["step"] for r in lines("whole") if "loss" in r] == [1, 2, 3, 4]
+    assert lines("whole")[0]["tools/call_frequency"] == 1.0
