@@ -85,7 +85,8 @@ def main() -> None:
     torch.set_num_threads(2)
 
     from grpo_plugin.app.data import load_prompt_datasets
-    from grpo_plugin.app.recipe import load_recipe, recipe_tools
+    from grpo_plugin.app.recipe import load_recipe
+    from grpo_plugin.app.recipe_checks import recipe_tools
     from grpo_plugin.rollout.noise import KeyedNoise, RolloutKey
     from grpo_plugin.training.policy import load_policy
     from grpo_plugin.training.tool_setup import ToolInputs

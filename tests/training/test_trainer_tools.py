@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import tiny_config
 from scripted_policy import after_tool, call, last_turn, multiply, multiply_script, scripted_llama
-from transformers import TrainerCallback
+from test_lifecycle import CrashAt
 
 from grpo_plugin import GRPOConfig, GRPOTrainer
 
@@ -312,18 +312,6 @@ def test_evaluation_offers_the_tools_and_reports_the_call_rate(tiny_tokenizer, t
                       tools=trainer.tool_setup)  # fmt: skip
     assert result["accuracy"] == 1.0 and result["tool_call_rate"] == 1.0
     assert result["tool_calls"] == 1.0
-
-
-class CrashAt(TrainerCallback):
-    """Stops the process (as kill -9 would, after the last checkpoint) when step `step` + 1
-    begins."""
-
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            raise SystemExit("simulated crash")
 
 
 def test_a_tool_run_killed_mid_rollout_resumes_exactly(tiny_tokenizer, tmp_path):
