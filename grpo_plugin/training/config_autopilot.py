@@ -28,7 +28,7 @@ class AutopilotArguments(ToolArguments):
     )
     auto_batch_memory_gb: float | None = field(
         default=None,
-        metadata={"help": "Memory the autopilot may plan for (GB). None: 90% of what is free."},
+        metadata={"help": "Memory the autopilot may plan for (GB). None: 0.9 x what is free."},
     )
 
     def __post_init__(self) -> None:
