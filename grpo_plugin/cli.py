@@ -182,10 +182,45 @@ def build_parser() -> argparse.ArgumentParser:
     _eval_parser(sub)
     sub.add_parser("rewards", help="list the reward registry")
     sub.add_parser("recipes", help="list the built-in recipes (`grpo-plugin train NAME`)")
-    from .app.hub import add_publish_arguments
-
     add_publish_arguments(sub.add_parser("publish", help="upload a run to the Hugging Face Hub"))
     return parser
+
+
+def add_publish_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Arguments of `grpo-plugin publish`; dispatch the parsed args to `publish_from_args`."""
+    parser.add_argument("output_dir", help="a training run's output dir (or a checkpoint-N dir)")
+    parser.add_argument("--repo-id", required=True, help="USER/NAME or ORG/NAME on the Hub")
+    parser.add_argument("--private", action="store_true", help="create the repo as private")
+    parser.add_argument(
+        "--merge", action="store_true", help="upload full weights: the adapter merged into the base"
+    )
+    parser.add_argument("--revision", default=None, help="branch to commit to (created if needed)")
+    parser.add_argument("--commit-message", default=None)
+    parser.add_argument("--include-checkpoints", action="store_true")
+    parser.add_argument("--include-completions", action="store_true")
+    return parser
+
+
+def publish_from_args(args: argparse.Namespace) -> int:
+    """Run `publish` from parsed CLI args; print the URL, or one error line. Returns an exit code."""
+    from .app.hub import HubPublishError, publish
+
+    try:
+        url = publish(
+            args.output_dir,
+            args.repo_id,
+            private=args.private,
+            merge=args.merge,
+            revision=args.revision,
+            commit_message=args.commit_message,
+            include_checkpoints=args.include_checkpoints,
+            include_completions=args.include_completions,
+        )
+    except (ValueError, HubPublishError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"Published to {url}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -207,8 +242,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet_logs()
     if args.command == "eval":
         return cmd_eval(args)
-    from .app.hub import publish_from_args
-
     return publish_from_args(args)
 
 

@@ -12,16 +12,14 @@ The output dir is never modified: the card and merged weights are staged in a te
 import). The token is passed to `HfApi` and nowhere else; error messages are scrubbed of it.
 
 CLI: `grpo-plugin publish OUTPUT_DIR --repo-id USER/NAME [--private] [--merge] [--revision BRANCH]
-[--commit-message ...]` is `add_publish_arguments` + `publish_from_args`.
+[--commit-message ...]` (`cli.py` parses it and calls `publish`).
 """
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import logging
 import os
-import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -311,38 +309,3 @@ def publish_trainer(trainer, repo_id: str | None, token: str | None, **kwargs) -
         plot_reward_curve(out)
     write_model_card(out)
     return publish(out, repo_id, token=token, **kwargs)
-
-
-def add_publish_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Arguments of `grpo-plugin publish`; dispatch the parsed args to `publish_from_args`."""
-    parser.add_argument("output_dir", help="a training run's output dir (or a checkpoint-N dir)")
-    parser.add_argument("--repo-id", required=True, help="USER/NAME or ORG/NAME on the Hub")
-    parser.add_argument("--private", action="store_true", help="create the repo as private")
-    parser.add_argument(
-        "--merge", action="store_true", help="upload full weights: the adapter merged into the base"
-    )
-    parser.add_argument("--revision", default=None, help="branch to commit to (created if needed)")
-    parser.add_argument("--commit-message", default=None)
-    parser.add_argument("--include-checkpoints", action="store_true")
-    parser.add_argument("--include-completions", action="store_true")
-    return parser
-
-
-def publish_from_args(args: argparse.Namespace) -> int:
-    """Run `publish` from parsed CLI args; print the URL, or one error line. Returns an exit code."""
-    try:
-        url = publish(
-            args.output_dir,
-            args.repo_id,
-            private=args.private,
-            merge=args.merge,
-            revision=args.revision,
-            commit_message=args.commit_message,
-            include_checkpoints=args.include_checkpoints,
-            include_completions=args.include_completions,
-        )
-    except (ValueError, HubPublishError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    print(f"Published to {url}")
-    return 0
