@@ -94,9 +94,12 @@ def test_trainer_applies_the_choice_and_samples_the_same_completions(
 
     def fake_probe(trainer, prompt, rows):
         calls.append(rows)
-        return autopilot.memory_in_use(torch.device("cpu")) + rows * 1.0 * GB
+        return 0.5 * GB + rows * 1.0 * GB
 
     monkeypatch.setattr(autopilot, "_probe", fake_probe)
+    # what the process holds before probing: fixed, so the choice does not depend on how much
+    # memory the tests before this one left in the process
+    monkeypatch.setattr(autopilot, "memory_in_use", lambda device: 0.5 * GB)
     trainer = make_trainer(
         tiny_tokenizer,
         tmp_path / "auto",
