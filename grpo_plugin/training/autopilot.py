@@ -233,7 +233,9 @@ def _probe(trainer: Any, prompt: list[int], rows: int) -> float:
     batch = probe_batch(prompt, rows, a.max_completion_length, vocab, device)
     pad_id = trainer.processing_class.pad_token_id or 0
     batch = batch.padded_to_multiple(a.pad_to_multiple_of, pad_id)  # as the trainer pads
-    trainer._share_group = shared_group_size(a.num_generations, rows)
+    share = trainer._share_group = shared_group_size(a.num_generations, rows)
+    sharing = a.share_prompt_prefix
+    a.share_prompt_prefix = sharing and (share or 0) >= 2  # a 1-row probe: plain, and no warning
 
     def step() -> None:
         with trainer.compute_loss_context_manager():
@@ -249,6 +251,7 @@ def _probe(trainer: Any, prompt: list[int], rows: int) -> float:
     finally:
         model.zero_grad(set_to_none=True)
         model.train(was_training)
+        a.share_prompt_prefix = sharing
 
 
 def plan(trainer: Any, kept: int | None = None) -> Plan:

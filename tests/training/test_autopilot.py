@@ -119,6 +119,18 @@ def test_trainer_applies_the_choice_and_samples_the_same_completions(
     assert _rewards(trainer) == pytest.approx(_rewards(plain), abs=1e-6)
 
 
+def test_a_one_row_probe_leaves_the_prefix_sharing_warning_to_training(tiny_tokenizer, tmp_path):
+    """A 1-row probe cannot share a prompt; it must not log (and so use up) the one-time warning
+    that training fell back to the plain forward, which would then be wrong and never repeated."""
+    from grpo_plugin import _logging
+
+    trainer = make_trainer(tiny_tokenizer, tmp_path, auto_find_batch_size=True)
+    _logging._warned.discard("train-share")
+    autopilot._probe(trainer, autopilot.longest_prompt(trainer), 1)
+    assert "train-share" not in _logging._warned
+    assert trainer.args.share_prompt_prefix  # restored
+
+
 def test_real_probe_runs_the_training_forward(tiny_tokenizer, tmp_path):
     trainer = make_trainer(tiny_tokenizer, tmp_path, auto_find_batch_size=True)
     prompt = autopilot.longest_prompt(trainer)
