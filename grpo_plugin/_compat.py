@@ -15,6 +15,7 @@ library internals: it calls these helpers.
 | `generation_default`                | transformers 5.x leaves GenerationConfig fields None and keeps the effective defaults in a private table | transformers exposes its generation defaults publicly |
 | `launched_without_accelerators`     | accelerate 1.15 runs each process of a GPU-less `torchrun` / `--multi_gpu` launch as its own one-process job | accelerate selects MULTI_CPU (gloo) for such launches |
 | `fsdp2_parameters_held`             | torch 2.13 FSDP2 has no public "unshard and keep until I say" API (private `_get_fsdp_state`, `_lazy_init`, `post_forward_mesh_info`) | FSDP2 exposes one |
+| `release_process_group`             | torch 2.13 gloo: a process group left to interpreter shutdown sometimes aborts a process that finished its work (SIGABRT, "terminate called without an active exception"; seen in ~2 of 13 two-process test runs) | torch destroys it cleanly at exit |
 | `moe_router_config`, `moe_load_balancing_loss` | transformers 5.x MoE models keep the load-balancing loss in each modeling module and the expert counts on the `ForCausalLM` | transformers exposes one public aux-loss API |
 
 Private `transformers.Trainer` methods the trainer overrides (in `training/trainer.py`, the logic in
@@ -83,6 +84,12 @@ def fsdp2_parameters_held(model: torch.nn.Module) -> Iterator[None]:
             for group, info in zip(m._get_fsdp_state()._fsdp_param_groups, infos):
                 group.post_forward_mesh_info = info
             m.reshard()
+
+
+def release_process_group() -> None:
+    """Destroy the default process group, if one is up, before the interpreter exits."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def unwrap_peft(model: torch.nn.Module) -> torch.nn.Module:

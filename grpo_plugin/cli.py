@@ -224,7 +224,15 @@ def publish_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    from ._compat import release_process_group
+
+    try:
+        return _dispatch(list(sys.argv[1:] if argv is None else argv))
+    finally:
+        release_process_group()  # several processes: no abort at exit after a finished run
+
+
+def _dispatch(argv: list[str]) -> int:
     if argv and argv[0] == "train":  # everything after `train` belongs to the recipe parser
         quiet_logs()
         return cmd_train(argv[1:])

@@ -45,6 +45,8 @@ from conftest import (  # noqa: E402
 )
 from transformers import TrainerCallback  # noqa: E402
 
+from grpo_plugin._compat import release_process_group  # noqa: E402
+
 STEPS = 3
 RANK = int(os.environ.get("RANK", "0"))
 
@@ -329,4 +331,7 @@ def main(out: Path, phases: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2:])
+    try:
+        main(Path(sys.argv[1]), sys.argv[2:])
+    finally:
+        release_process_group()
