@@ -16,6 +16,7 @@ model; a bad recipe exits with code 2 and one line on stderr. It then runs the r
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import logging
 import shlex
@@ -224,15 +225,13 @@ def publish_from_args(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     from ._compat import release_process_group
 
-    try:
-        return _dispatch(list(sys.argv[1:] if argv is None else argv))
-    finally:
-        release_process_group()  # several processes: no abort at exit after a finished run
-
-
-def _dispatch(argv: list[str]) -> int:
+    # several processes: destroy the process group at exit (no abort after a finished run), not
+    # on return (a Python caller of main may go on using it)
+    atexit.unregister(release_process_group)  # once, however often main is called
+    atexit.register(release_process_group)
     if argv and argv[0] == "train":  # everything after `train` belongs to the recipe parser
         quiet_logs()
         return cmd_train(argv[1:])
