@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 TORCH_CPU ?= torch==2.13.0
 RECIPE ?= recipes/arithmetic.yaml
 
-.PHONY: install install-dev demo test lint format bench
+.PHONY: install install-dev demo test lint format bench gpu-pack gpu-check
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -36,3 +36,10 @@ test: install-dev lint
 
 bench: install-dev
 	$(PY) benchmarks/vs_trl.py
+
+# On a machine with an NVIDIA GPU (benchmarks/gpu_check.sh says how the pack travels there).
+gpu-pack:
+	bash benchmarks/gpu_pack.sh
+
+gpu-check:
+	bash benchmarks/gpu_check.sh

@@ -46,7 +46,8 @@ from vs_trl_child import (  # noqa: E402
     run_child,
 )
 
-TARGETS = {"short": {"step": 0.5, "memory": 0.7}, "long": {"step": 0.35, "memory": 0.7}}
+TARGETS = {"short": {"step": 0.5, "memory": 0.7}, "long": {"step": 0.2, "memory": 0.3}}
+SPLIT_KEYS = ("micro_batch", "gradient_accumulation_steps", "logprob_chunk_size")
 
 
 # --- parent: spawn, drive, summarise -----------------------------------------------------------
@@ -90,7 +91,7 @@ class Child:
 def child_flags(opts, **overrides: Any) -> list[str]:
     switches = [
         name
-        for name in ("bf16", "load_in_4bit", "ignore_eos")
+        for name in ("bf16", "load_in_4bit", "fixed_length", "ours_auto_batch")
         if overrides.pop(name, getattr(opts, name, False))
     ]
     values = {
@@ -104,6 +105,8 @@ def child_flags(opts, **overrides: Any) -> list[str]:
         "prompts_per_step": opts.prompts_per_step,
         "device": opts.device,
         "memory_limit_gb": opts.memory_limit_gb,
+        "micro_batch": opts.micro_batch,
+        "ours_src": opts.ours_src,
         **overrides,
     }
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in values.items() if v is not None]
@@ -123,7 +126,11 @@ def summarise(steps: list[dict[str, float]], done: dict[str, Any], ready: dict[s
     keys = ("step_s", "cpu_s", "generate_s", "score_s", "train_s", "tokens_per_s", "tokens")
     return {
         **{f"median_{k}": median_of(steps, k) for k in keys},
+        # The memory compared: GPU memory on a CUDA run, else the process's peak RSS.
+        "peak_mb": done.get("peak_gpu_mb") or done["peak_rss_mb"],
         "peak_rss_mb": done["peak_rss_mb"],
+        "peak_gpu_mb": done.get("peak_gpu_mb"),
+        "split": {k: done.get(k) for k in SPLIT_KEYS},
         "setup_rss_mb": ready["setup_rss_mb"],
         "prompt_tokens": done["prompt_tokens"],
         "threads": done["threads"],
@@ -180,7 +187,7 @@ def run_pair(opts, config: str, log_dir: Path) -> dict[str, Any]:
         "step_time_pairs": pair_ratios,
         "step_time": statistics.median(pair_ratios),
         "cpu_time": statistics.median(cpu_ratios),
-        "peak_memory": result["ours"]["peak_rss_mb"] / result["trl"]["peak_rss_mb"],
+        "peak_memory": result["ours"]["peak_mb"] / result["trl"]["peak_mb"],
         "tokens_per_s": result["ours"]["median_tokens_per_s"]
         / result["trl"]["median_tokens_per_s"],
     }
@@ -202,19 +209,20 @@ def run_scaling(opts, log_dir: Path) -> list[dict[str, Any]]:
         for group in opts.groups:
             child = Child(opts, "ours", log_dir / f"scaling-L{length}-G{group}.log",
                           config="short", max_new_tokens=length, num_generations=group,
-                          steps=opts.scaling_steps, ignore_eos=True)  # fmt: skip
+                          steps=opts.scaling_steps, fixed_length=True)  # fmt: skip
             ready = child.expect("ready")
             steps = [child.step() for _ in range(opts.warmup + opts.scaling_steps)]
             cell = summarise(steps[opts.warmup :], child.finish(), ready)
-            cells.append({"max_new_tokens": length, "num_generations": group, **cell})
+            rows = group * opts.prompts_per_step
+            cells.append({"max_new_tokens": length, "num_generations": group, "rows": rows, **cell})
             print(f"[scaling] L={length} G={group}: {cell['median_step_s']:.2f} s/step, "
-                  f"{cell['peak_rss_mb']:.0f} MB", flush=True)  # fmt: skip
+                  f"{cell['peak_mb']:.0f} MB, split {cell['split']}", flush=True)  # fmt: skip
     return cells
 
 
 def format_pair_table(results: dict[str, dict]) -> str:
-    head = (f"{'config':<7} {'trainer':<7} {'s/step':>8} {'gen':>7} {'score':>6} {'train':>7} "
-            f"{'tok/s':>7} {'peak MB':>8}  ratio ours/TRL (step, memory)")  # fmt: skip
+    head = (f"{'config':<7} {'trainer':<7} {'micro x GA':>10} {'s/step':>8} {'gen':>7} "
+            f"{'score':>6} {'train':>7} {'tok/s':>7} {'peak MB':>8}  ratio ours/TRL (step, memory)")  # fmt: skip
     lines = [head, "-" * len(head)]
     for config, r in results.items():
         if "failed" in r:
@@ -226,23 +234,27 @@ def format_pair_table(results: dict[str, dict]) -> str:
             if name == "ours":
                 ratio = f"  {r['ratio']['step_time']:.2f}x, {r['ratio']['peak_memory']:.2f}x"
                 ratio += "  (targets met)" if r["targets"]["met"] else "  (target MISSED)"
+            split = f"{s['split']['micro_batch']} x {s['split']['gradient_accumulation_steps']}"
             lines.append(
-                f"{config:<7} {name:<7} {s['median_step_s']:>8.2f} {s['median_generate_s']:>7.2f} "
+                f"{config:<7} {name:<7} {split:>10} {s['median_step_s']:>8.2f} "
+                f"{s['median_generate_s']:>7.2f} "
                 f"{s['median_score_s']:>6.3f} {s['median_train_s']:>7.2f} "
-                f"{s['median_tokens_per_s']:>7.1f} {s['peak_rss_mb']:>8.0f}{ratio}"
+                f"{s['median_tokens_per_s']:>7.1f} {s['peak_mb']:>8.0f}{ratio}"
             )
     return "\n".join(lines)
 
 
 def format_scaling_table(cells: list[dict]) -> str:
     lines = [
-        f"{'new tok':>7} {'G':>3} {'rows':>5} {'s/step':>8} {'gen':>7} {'train':>7} {'peak MB':>8}"
+        f"{'new tok':>7} {'G':>3} {'rows':>5} {'micro x GA':>10} {'s/step':>8} {'gen':>7} "
+        f"{'train':>7} {'peak MB':>8}"
     ]
     for c in cells:
+        split = f"{c['split']['micro_batch']} x {c['split']['gradient_accumulation_steps']}"
         lines.append(
-            f"{c['max_new_tokens']:>7} {c['num_generations']:>3} {2 * c['num_generations']:>5} "
+            f"{c['max_new_tokens']:>7} {c['num_generations']:>3} {c['rows']:>5} {split:>10} "
             f"{c['median_step_s']:>8.2f} {c['median_generate_s']:>7.2f} "
-            f"{c['median_train_s']:>7.2f} {c['peak_rss_mb']:>8.0f}"
+            f"{c['median_train_s']:>7.2f} {c['peak_mb']:>8.0f}"
         )
     return "\n".join(lines)
 
@@ -294,7 +306,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-generations", type=int, default=8)
     p.add_argument("--prompts-per-step", type=int, default=2, help="rows per step = this x G")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--bf16", action="store_true", help="bf16 weights (GPU runs)")
+    p.add_argument("--bf16", action="store_true",
+                   help="bf16=True and bf16 weights for both (LoRA adapters stay fp32)")  # fmt: skip
+    p.add_argument("--micro-batch", type=int, default=None,
+                   help="rows per micro-batch for both (accumulation makes up the step)")  # fmt: skip
+    p.add_argument("--ours-auto-batch", action="store_true",
+                   help="ours: auto_find_batch_size=True (the autopilot picks its split)")  # fmt: skip
+    p.add_argument("--ours-src", default=None,
+                   help="ours from this checkout's grpo_plugin (e.g. a git worktree): before/after")  # fmt: skip
+    p.add_argument("--fixed-length", action="store_true",
+                   help="every completion decodes max_new_tokens (no EOS): speed and memory only")  # fmt: skip
     p.add_argument("--load-in-4bit", action="store_true", help="NF4 base weights (QLoRA)")
     p.add_argument("--sequential", action="store_true",
                    help="run ours, then TRL (one resident at a time) instead of lockstep")  # fmt: skip
@@ -308,7 +329,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--trainer", choices=["ours", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--config", choices=sorted(CONFIGS), help=argparse.SUPPRESS)
-    p.add_argument("--ignore-eos", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 

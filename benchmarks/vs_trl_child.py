@@ -114,7 +114,16 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def lockstep_callback(probe: dict[str, float]):
+def peak_device_mb(device: str) -> float | None:
+    """Peak GPU memory allocated by torch in this process (None on CPU, where RSS is the figure)."""
+    import torch
+
+    if device != "cuda" or not torch.cuda.is_available():
+        return None
+    return torch.cuda.max_memory_allocated() / 2**20
+
+
+def lockstep_callback(probe: dict[str, float], rows: int):
     """Waits for 'go' before each step; reports each step's timings once the trainer logged it."""
     from transformers import TrainerCallback
 
@@ -133,12 +142,13 @@ def lockstep_callback(probe: dict[str, float]):
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs:
-                emit("step", **step_record(probe, logs, args.per_device_train_batch_size))
+                emit("step", **step_record(probe, logs, rows))
 
     return Lockstep()
 
 
 def step_record(probe: dict[str, float], logs: dict[str, float], rows: int) -> dict[str, float]:
+    """One optimizer step's timings; `rows` = completions per step (micro-batch x accumulation)."""
     if "timing/generate_s" in logs:  # ours logs its own breakdown
         generate, score = logs["timing/generate_s"], logs["timing/reward_s"]
         tokens = logs["completions/mean_length"] * rows
@@ -190,13 +200,22 @@ def model_init_kwargs(opts) -> dict[str, Any]:
     return kwargs
 
 
+def batch_split(opts) -> dict[str, int]:
+    """Rows per optimizer step = G x prompts; `--micro-batch` cuts them into accumulation steps."""
+    rows = opts.num_generations * opts.prompts_per_step
+    micro = opts.micro_batch or rows
+    if rows % micro:
+        raise ValueError(f"--micro-batch {micro} must divide the {rows} rows of a step.")
+    return {"per_device_train_batch_size": micro, "gradient_accumulation_steps": rows // micro}
+
+
 def build_trainer(opts, dataset, output_dir: str):
     from peft import LoraConfig
 
     shared = {
         **SHARED_ARGS,
         "num_generations": opts.num_generations,
-        "per_device_train_batch_size": opts.num_generations * opts.prompts_per_step,
+        **batch_split(opts),
         "max_completion_length": opts.max_new_tokens,
         "max_steps": opts.warmup + opts.steps,
         "output_dir": output_dir,
@@ -209,11 +228,14 @@ def build_trainer(opts, dataset, output_dir: str):
     if opts.trainer == "trl":
         from trl import GRPOConfig, GRPOTrainer
 
-        args = GRPOConfig(**shared, **TRL_ARGS)
+        # Fixed-length completions for TRL: no EOS before max_completion_length.
+        fixed = {"generation_kwargs": {"min_new_tokens": opts.max_new_tokens}}
+        args = GRPOConfig(**shared, **TRL_ARGS, **(fixed if opts.fixed_length else {}))
     else:
         from grpo_plugin import GRPOConfig, GRPOTrainer
 
-        args = GRPOConfig(**shared, share_prompt_prefix=True)
+        auto = {"auto_find_batch_size": bool(opts.ours_auto_batch)}
+        args = GRPOConfig(**shared, share_prompt_prefix=True, **auto)
     return GRPOTrainer(
         model=opts.model_dir,
         reward_funcs=[exact_answer_reward],
@@ -224,7 +246,8 @@ def build_trainer(opts, dataset, output_dir: str):
 
 
 def ignore_eos_in_generation(vocab_size: int) -> None:
-    """Make our rollouts decode to full length: EOS becomes an id the sampler never returns."""
+    """Make our rollouts decode to full length: EOS becomes an id the sampler never returns
+    (TRL gets `min_new_tokens` in `build_trainer`)."""
     import grpo_plugin.rollout.prompts as prompts
 
     prompts.eos_token_ids = lambda model, tokenizer: [vocab_size]
@@ -240,6 +263,8 @@ def mean_prompt_tokens(tokenizer, dataset, n: int) -> float:
 
 
 def run_child(opts) -> None:
+    if opts.ours_src and opts.trainer == "ours":  # an earlier checkout's code, for before/after
+        sys.path.insert(0, str(Path(opts.ours_src).resolve()))
     import torch
 
     if opts.memory_limit_gb:  # fail with MemoryError instead of waking the OOM killer
@@ -252,14 +277,19 @@ def run_child(opts) -> None:
         trainer = build_trainer(opts, dataset, out_dir)
         if opts.trainer == "trl":
             time_trl_phases(trainer, probe)
-        if opts.ignore_eos:
+        if opts.fixed_length and opts.trainer == "ours":
             ignore_eos_in_generation(trainer.model.config.vocab_size)
-        trainer.add_callback(lockstep_callback(probe))
+        trainer.add_callback(lockstep_callback(probe, opts.num_generations * opts.prompts_per_step))
         prompt_tokens = mean_prompt_tokens(trainer.processing_class, dataset, n_prompts)
         trainer.train()
+    a = trainer.args  # after the run: the autopilot's choice, when it made one
     emit(
         "done",
         peak_rss_mb=peak_rss_mb(),
+        peak_gpu_mb=peak_device_mb(opts.device),
+        micro_batch=a.per_device_train_batch_size,
+        gradient_accumulation_steps=a.gradient_accumulation_steps,
+        logprob_chunk_size=getattr(a, "logprob_chunk_size", None),
         prompt_tokens=prompt_tokens,
         threads=torch.get_num_threads(),
         versions=library_versions(),
@@ -267,6 +297,14 @@ def run_child(opts) -> None:
 
 
 def library_versions() -> dict[str, str]:
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
-    return {name: version(name) for name in ("torch", "transformers", "trl", "peft", "grpo-plugin")}
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:  # e.g. grpo_plugin from the checkout on PYTHONPATH (GPU check)
+            return "not installed"
+
+    return {
+        name: installed(name) for name in ("torch", "transformers", "trl", "peft", "grpo-plugin")
+    }

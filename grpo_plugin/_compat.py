@@ -16,6 +16,7 @@ library internals: it calls these helpers.
 | `launched_without_accelerators`     | accelerate 1.15 runs each process of a GPU-less `torchrun` / `--multi_gpu` launch as its own one-process job | accelerate selects MULTI_CPU (gloo) for such launches |
 | `fsdp2_parameters_held`             | torch 2.13 FSDP2 has no public "unshard and keep until I say" API (private `_get_fsdp_state`, `_lazy_init`, `post_forward_mesh_info`) | FSDP2 exposes one |
 | `release_process_group`             | torch 2.13 gloo: a process group left to interpreter shutdown sometimes aborts a process that finished its work (SIGABRT, "terminate called without an active exception"; seen in ~2 of 13 two-process test runs) | torch destroys it cleanly at exit |
+| `cpu_has_bf16_units`                | torch 2.13 tells a CPU's AVX512-BF16 / AMX only through private `torch.cpu._is_*_supported` | torch exposes CPU features publicly |
 | `moe_router_config`, `moe_load_balancing_loss` | transformers 5.x MoE models keep the load-balancing loss in each modeling module and the expert counts on the `ForCausalLM` | transformers exposes one public aux-loss API |
 
 Private `transformers.Trainer` methods the trainer overrides (in `training/trainer.py`, the logic in
@@ -225,3 +226,15 @@ def generation_default(key: str) -> object:
     if key in defaults:
         return defaults[key]
     return getattr(GenerationConfig(), key, _NO_DEFAULT)
+
+
+def cpu_has_bf16_units() -> bool | None:
+    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX); None if torch cannot
+    tell. Without them bf16 matrix products are emulated, slower than fp32."""
+    probes = [
+        getattr(torch.cpu, name, None)
+        for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    ]
+    if not all(callable(probe) for probe in probes):
+        return None
+    return any(probe() for probe in probes)

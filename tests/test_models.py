@@ -40,6 +40,19 @@ def test_missing_package_error_gives_install_command(empty_cache, monkeypatch):
         resolve_model_path(EMBEDDED_NAME)
 
 
+def test_gguf_env_var_names_the_file_without_the_package(tmp_path, monkeypatch):
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", not_installed)
+    gguf = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    monkeypatch.setenv("GRPO_PLUGIN_GGUF", str(gguf))
+    with pytest.raises(FileNotFoundError, match="is not a file; point it at"):
+        models.embedded_gguf_path()
+    gguf.write_bytes(b"GGUF")
+    assert models.embedded_gguf_path() == gguf
+
+
 def test_interrupted_conversion_leaves_no_cache(empty_cache, monkeypatch, tmp_path):
     def crash(gguf, out_dir):
         (out_dir / "model.safetensors").write_bytes(b"half written")

@@ -21,7 +21,7 @@ the cache through transformers' Cache API only (`batch_repeat_interleave`,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -98,6 +98,7 @@ def generate_groups(
     share_prompt_prefix: bool = True,
     generator: torch.Generator | None = None,
     noise: SamplingNoise | None = None,
+    on_step: Callable[[torch.Tensor, list, list], None] | None = None,
 ) -> RolloutBatch:
     """Sample `num_generations` completions for each prompt (rows p*G .. p*G+G-1 share prompt p).
 
@@ -105,6 +106,7 @@ def generate_groups(
     can feed a forward pass with grad. `pad_token_id=None` falls back to the first eos id (models
     without a pad token). The model's train/eval mode is left as it is. The sampling uniforms come
     from `noise` (one row per completion, e.g. `KeyedNoise`), else from `generator` in call order.
+    `on_step(finished, tokens, live)` is called after every decode step (see `decode`).
     """
     eos_token_ids = list(eos_token_ids)
     _check_prompts(prompt_ids, num_generations, eos_token_ids)
@@ -120,6 +122,7 @@ def generate_groups(
         sampling,
         noise,
         share_prompt_prefix,
+        on_step,
     )
     for name in RolloutBatch.ROW_FIELDS:
         setattr(batch, name, getattr(batch, name).clone())  # inference tensors -> normal tensors
@@ -127,9 +130,9 @@ def generate_groups(
 
 
 @torch.inference_mode()
-def _generate(model, prompt_ids, group, eos_token_ids, pad_id, sampling, noise, share):
+def _generate(model, prompt_ids, group, eos_token_ids, pad_id, sampling, noise, share, on_step):
     ids, mask, out, prefilled = prefill_and_decode(
-        model, prompt_ids, group, eos_token_ids, pad_id, sampling, noise, share
+        model, prompt_ids, group, eos_token_ids, pad_id, sampling, noise, share, on_step=on_step
     )
     completion_mask = out.live.long()  # (N, Tc)
     return RolloutBatch(
@@ -155,6 +158,7 @@ def prefill_and_decode(
     share,
     drop_finished=True,
     record_logprobs=False,
+    on_step=None,
 ) -> tuple[torch.LongTensor, torch.LongTensor, Decoded, int]:
     """Prefill the prompts (once per group with `share`) and decode their N = P * G rows:
     `(prompt ids (N, Lp), prompt mask (N, Lp), Decoded, prefilled tokens)`. The multi-turn loop
@@ -182,6 +186,7 @@ def prefill_and_decode(
         seen,
         drop_finished=drop_finished,
         record_logprobs=record_logprobs,
+        on_step=on_step,
     )
     return ids, mask, out, prefilled
 
@@ -240,10 +245,13 @@ def decode(
     *,
     drop_finished=True,
     record_logprobs=False,
+    on_step=None,
 ) -> Decoded:
     """The decode loop over A rows, from the last-position `logits` `(A, V)` of what `cache` holds
     (`attention` `(A, W)`). Rows stop at any eos id; with `drop_finished`, finished rows leave the
-    batch and the cache once they are a quarter of it. Row a reads `noise.uniforms([a], t)`."""
+    batch and the cache once they are a quarter of it. Row a reads `noise.uniforms([a], t)`.
+    `on_step(finished (N,), tokens, live)` runs after each step: the step tensors so far, (N,)
+    each (overlapped scoring reads the rows that have finished)."""
     rows = logits.shape[0]
     device = logits.device
     eos = torch.tensor(list(eos_token_ids), device=device)
@@ -265,6 +273,8 @@ def decode(
         if record_logprobs:
             logps.append(_picked_logprobs(logits, picked, active, rows))
         finished = finished | torch.isin(step_tokens, eos)
+        if on_step is not None:
+            on_step(finished, tokens, live)
         if bool(finished.all()) or step == sampling.max_new_tokens - 1:
             break
         done = finished[active]  # (A,)

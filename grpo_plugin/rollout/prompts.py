@@ -10,6 +10,7 @@ passes it: assistant turns (with their `tool_calls`) and `tool` results.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -94,9 +95,11 @@ def sample_groups(
     generator: torch.Generator | None = None,
     noise: SamplingNoise | None = None,
     tools: ToolSetup | None = None,
+    on_step: Callable | None = None,
 ) -> Rollout:
     """Sample G completions for each dataset row and decode them (an unscored `Rollout`); with
-    `tools`, G multi-turn exchanges (`multiturn.py`)."""
+    `tools`, G multi-turn exchanges (`multiturn.py`). `on_step` (single-turn only) is called
+    after each decode step (`generation.decode`)."""
     if tools is not None:
         return _sample_with_tools(
             model,
@@ -126,6 +129,7 @@ def sample_groups(
         share_prompt_prefix=share_prompt_prefix,
         generator=generator,
         noise=noise,
+        on_step=on_step,
     )
     repeated = [r for r in rows for _ in range(num_generations)]
     prompts = [r["prompt"] for r in repeated]

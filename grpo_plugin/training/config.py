@@ -10,6 +10,7 @@ Defaults that differ from `transformers.TrainingArguments`:
   needs roughly 10x more; 1e-5 is safe for 0.5-8B models. Tiny models (the 135M demo) use 1e-4..5e-4.
 - `logging_steps=1`: one line of `metrics.jsonl` per optimizer step (rollout steps are expensive).
 - `bf16=None`: resolved to True only on a CUDA device that supports bf16; fp32 on CPU.
+  `bf16=True` on a CPU sets `use_cpu` (transformers asks for it) and warns without AVX512-BF16/AMX.
 - `report_to="none"`, `remove_unused_columns=False` (reward functions read the extra columns).
 - `gradient_checkpointing=False` (TRL turns it on; on small models it costs ~30% speed for nothing).
 - `auto_find_batch_size` is the memory autopilot (`autopilot.py`): it keeps prompt groups whole
@@ -26,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .._compat import launched_without_accelerators
+from .._compat import cpu_has_bf16_units, launched_without_accelerators
 from ..core.objectives import ESTIMATORS, LossParams
 from ..rollout.types import SamplingParams
 from .config_autopilot import AutopilotArguments
@@ -40,6 +41,11 @@ _SCALE_TO_ESTIMATOR = {"group": "grpo", "batch": "batch", "none": "dr_grpo"}
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{name}={value!r} is not supported; use one of {', '.join(allowed)}.")
+
+
+def _has_accelerator() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return torch.cuda.is_available() or bool(mps and mps.is_available())
 
 
 @dataclass
@@ -131,6 +137,14 @@ class GRPOConfig(AutopilotArguments):
         metadata={
             "help": "Run each distinct prompt through the model once and share its KV cache with its "
             "G completions, in generation and in the training forward (exact; faster)."
+        },
+    )
+    overlap_scoring: bool = field(
+        default=False,
+        metadata={
+            "help": "Score each group with the reward functions as soon as its G completions end, "
+            "while later groups still decode (pays for slow rewards: sandboxes, judges). Each "
+            "call then sees one group. Single-turn only (not with tools or rollout_func)."
         },
     )
     logprob_chunk_size: int = field(
@@ -265,6 +279,8 @@ class GRPOConfig(AutopilotArguments):
             )
         if self.bf16 is None:
             self.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+        if self.bf16 and not _has_accelerator():
+            self._bf16_on_cpu()
         if not torch.cuda.is_available():
             self.dataloader_pin_memory = False  # avoids torch's warning; nothing to pin to
         if launched_without_accelerators():  # several CPU processes: gloo, not N separate runs
@@ -279,6 +295,15 @@ class GRPOConfig(AutopilotArguments):
         self._resolve_batches()
 
     # --- validation ---------------------------------------------------------------------------
+    def _bf16_on_cpu(self) -> None:
+        """bf16 on a CPU: transformers wants `use_cpu` said; warn where bf16 is emulated."""
+        self.use_cpu = True
+        if cpu_has_bf16_units() is False:
+            logger.warning(
+                "bf16=True on a CPU without AVX512-BF16 or AMX: bf16 is emulated there and "
+                "slower than fp32; set bf16=False."
+            )
+
     def _check_choices(self) -> None:
         _choice("scale_rewards", self.scale_rewards, SCALE_REWARDS)
         if self.advantage_estimator is not None:

@@ -78,7 +78,12 @@ class MetricsWindow:
     summed per optimizer step and then averaged over the steps of the window.
     """
 
-    PER_STEP_SUMS = ("timing/generate_s", "timing/reward_s", "timing/train_s")
+    PER_STEP_SUMS = (
+        "timing/generate_s",
+        "timing/reward_s",
+        "timing/reward_hidden_s",
+        "timing/train_s",
+    )
 
     def __init__(self) -> None:
         self.values: dict[str, list[float]] = defaultdict(list)

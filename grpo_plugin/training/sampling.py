@@ -14,6 +14,7 @@ returned `logprobs` are checked but not used: the trainer computes its own.
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ from ..core.tensors import left_pad
 from ..rollout.noise import SamplingNoise
 from ..rollout.prompts import eos_token_ids, sample_groups
 from ..rollout.types import Rollout, RolloutBatch
+from . import overlap
 
 REQUIRED_KEYS = ("prompt_ids", "completion_ids", "logprobs")
 
@@ -32,7 +34,7 @@ class RolloutSampler:
     def __init__(self, trainer: Any, tool_setup: Any, rollout_func: Any) -> None:
         self.trainer, self.tool_setup, self.rollout_func = trainer, tool_setup, rollout_func
 
-    def sample(self, model, rows: list[dict[str, Any]], noise: SamplingNoise) -> Rollout:
+    def sample(self, model, rows: list[dict[str, Any]], noise: SamplingNoise, on_step=None):
         a, tokenizer = self.trainer.args, self.trainer.processing_class
         if self.rollout_func is not None:
             return rollout_from_func(self.rollout_func, rows, self.trainer, a.num_generations)
@@ -47,7 +49,23 @@ class RolloutSampler:
             share_prompt_prefix=a.share_prompt_prefix,
             noise=noise,
             tools=self.tool_setup,
+            on_step=on_step,
         )
+
+    def sample_and_score(self, model, rows, noise, rewards) -> tuple[Rollout, dict[str, float]]:
+        """The scored rollout and its seconds (`generate_s`, `reward_s`; with `overlap_scoring`
+        also `reward_hidden_s`, the scoring done while later groups decoded: `overlap.py`)."""
+        if self.trainer.args.overlap_scoring:
+            sample = lambda on_step: self.sample(model, rows, noise, on_step)  # noqa: E731
+            group = self.trainer.args.num_generations
+            return overlap.sample_and_score(
+                sample, rewards, self.trainer.processing_class, rows, group
+            )
+        t0 = time.perf_counter()
+        rollout = self.sample(model, rows, noise)
+        t1 = time.perf_counter()
+        rewards.score(rollout)
+        return rollout, {"generate_s": t1 - t0, "reward_s": time.perf_counter() - t1}
 
 
 def _as_lists(output: dict[str, Any], key: str, n: int) -> list[list[int]]:

@@ -243,20 +243,17 @@ class GRPOTrainer(Trainer):
 
     def _sample_and_score(self, rows: list[dict], key: RolloutKey) -> Rollout:
         a = self.args
-        t0 = time.perf_counter()
         model = self.accelerator.unwrap_model(self.model)
         # draws keyed on each prompt's position in the global batch: the same on any process count
         first = distributed.global_prompt_offset(self.accelerator, a.prompts_per_generation)
         indices = range(first, first + len(rows))
         noise = KeyedNoise.for_prompts(key, indices, a.num_generations, a.max_completion_length)
-        with eval_mode(model):
-            rollout = self._sampler.sample(model, rows, noise)  # one turn, tools or rollout_func
-        t1 = time.perf_counter()
-        self.rewards.score(rollout)
-        self._metrics.add("timing/generate_s", t1 - t0)
-        self._metrics.add("timing/reward_s", time.perf_counter() - t1)
+        with eval_mode(model):  # one turn, tools or rollout_func; scored (overlapped or after)
+            rollout, seconds = self._sampler.sample_and_score(model, rows, noise, self.rewards)
+        for name, value in seconds.items():
+            self._metrics.add(f"timing/{name}", value)
         tokens = rollout.batch.num_generated_tokens
-        self._metrics.add("generation/tokens_per_s", tokens / max(t1 - t0, 1e-9))
+        self._metrics.add("generation/tokens_per_s", tokens / max(seconds["generate_s"], 1e-9))
         return rollout
 
     def _record_reward_metrics(self, rollout: Rollout) -> None:

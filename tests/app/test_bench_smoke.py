@@ -28,10 +28,22 @@ def test_reward_matches_last_number():
 
 def test_child_flags_round_trip(bench):
     opts = bench.parse_args(["--model-dir", "/m", "--steps", "3", "--bf16"])
-    flags = bench.child_flags(opts, config="short", max_new_tokens=7, ignore_eos=True)
+    flags = bench.child_flags(opts, config="short", max_new_tokens=7, fixed_length=True)
     child = bench.parse_args(["--child", "--trainer", "ours", *flags])
     assert (child.config, child.max_new_tokens, child.steps) == ("short", 7, 3)
-    assert child.bf16 and child.ignore_eos and not child.load_in_4bit
+    assert child.bf16 and child.fixed_length and not child.load_in_4bit
+    assert child.micro_batch is None and not child.ours_auto_batch
+
+
+def test_micro_batch_must_divide_the_rows_of_a_step(bench):
+    child = load_script(REPO_ROOT / "benchmarks" / "vs_trl_child.py", "vs_trl_child")
+    opts = bench.parse_args(["--micro-batch", "4"])  # 2 prompts x G=8 = 16 rows
+    assert child.batch_split(opts) == {
+        "per_device_train_batch_size": 4,
+        "gradient_accumulation_steps": 4,
+    }
+    with pytest.raises(ValueError, match="must divide the 16 rows"):
+        child.batch_split(bench.parse_args(["--micro-batch", "5"]))
 
 
 def test_one_lockstep_step_of_each_trainer(bench, tiny_model_dir, tmp_path):
@@ -45,6 +57,8 @@ def test_one_lockstep_step_of_each_trainer(bench, tiny_model_dir, tmp_path):
         s = short[name]
         assert len(s["steps"]) == 1
         assert s["median_step_s"] > 0 and s["peak_rss_mb"] >= s["setup_rss_mb"] > 50
+        assert s["peak_mb"] == s["peak_rss_mb"] and s["peak_gpu_mb"] is None  # CPU: RSS
+        assert s["split"]["micro_batch"] == 16 and s["split"]["gradient_accumulation_steps"] == 1
         assert 0 < s["median_tokens"] <= 16 * 3  # 16 completions of at most 3 tokens
         parts = s["median_generate_s"] + s["median_score_s"] + s["median_train_s"]
         assert parts == pytest.approx(s["median_step_s"], rel=1e-6)
@@ -63,3 +77,19 @@ def test_scaling_cell_decodes_full_length(bench, tiny_model_dir, tmp_path):
     (cell,) = json.loads(out.read_text())["scaling"]
     assert (cell["max_new_tokens"], cell["num_generations"]) == (5, 2)
     assert cell["median_tokens"] == 2 * 2 * 5  # EOS ignored: 2 prompts x G=2 x 5 tokens
+
+
+def test_micro_batches_for_trl_and_the_autopilot_for_ours(bench, tiny_model_dir, tmp_path):
+    out = tmp_path / "split.json"
+    argv = ["--configs", "short", "--model-dir", str(tiny_model_dir), "--steps", "1",
+            "--warmup", "0", "--max-new-tokens", "3", "--micro-batch", "4",
+            "--ours-auto-batch", "--out", str(out)]  # fmt: skip
+    bench.main(argv)
+    short = json.loads(out.read_text())["results"]["short"]
+    assert short["trl"]["split"]["micro_batch"] == 4
+    assert short["trl"]["split"]["gradient_accumulation_steps"] == 4
+    ours = short["ours"]["split"]  # the tiny model fits: the autopilot takes all 16 rows at once
+    assert ours["micro_batch"] * ours["gradient_accumulation_steps"] == 16
+    assert ours["micro_batch"] == 16
+    for name in ("ours", "trl"):
+        assert 0 < short[name]["median_tokens"] <= 16 * 3  # still 16 completions per step

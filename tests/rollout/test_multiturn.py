@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
+import threading
 
 import pytest
 import torch
@@ -147,13 +147,13 @@ def test_a_result_that_does_not_fit_ends_the_row_as_truncated(tiny_tokenizer):
     "tool_body, expected",
     [
         ("raise ValueError('no')", "Error: broken raised ValueError: no"),
-        ("time.sleep(5)", "Error: broken timed out after 0.3 s"),
+        ("release.wait(60); returned.append(1)", "Error: broken timed out after 0.3 s"),
     ],
 )
 def test_a_tool_that_raises_or_hangs_returns_an_error_and_the_run_goes_on(
     tiny_tokenizer, tool_body, expected
 ):
-    namespace = {"time": time}
+    namespace = {"release": threading.Event(), "returned": []}
     exec(
         f'def broken(a: int, b: int) -> int:\n    """Break.\n\n    Args:\n        a: A.\n'
         f'        b: B.\n    """\n    {tool_body}\n',
@@ -161,9 +161,9 @@ def test_a_tool_that_raises_or_hangs_returns_an_error_and_the_run_goes_on(
     )
     script = lambda h: multiply_script(h).replace('"multiply"', '"broken"')  # noqa: E731
     setup = setup_for(tiny_tokenizer, namespace["broken"], timeout=0.3)
-    start = time.monotonic()
     _, rollout = run(tiny_tokenizer, script, setup, rows=ROWS[:1], group=2)
-    assert time.monotonic() - start < 4.0  # the hanging call was not waited for
+    assert namespace["returned"] == []  # a hanging call was not waited for: it is still blocked
+    namespace["release"].set()
     assert rollout.completions[0][1]["content"] == expected
     assert rollout.batch.tool_failures.tolist() == [1, 1]
     assert rollout.completions[0][2]["content"] == f"It is {expected}."
@@ -192,6 +192,8 @@ def test_malformed_arguments_and_unknown_tools_are_reported_to_the_model(tiny_to
 
 
 def test_async_tools_run_concurrently(tiny_tokenizer):
+    in_flight = {"now": 0, "most": 0}
+
     async def slow_multiply(a: int, b: int) -> int:
         """Multiply two integers, slowly.
 
@@ -199,14 +201,16 @@ def test_async_tools_run_concurrently(tiny_tokenizer):
             a: The first integer.
             b: The second integer.
         """
-        await asyncio.sleep(0.4)
+        in_flight["now"] += 1
+        in_flight["most"] = max(in_flight["most"], in_flight["now"])
+        await asyncio.sleep(0.2)
+        in_flight["now"] -= 1
         return a * b
 
     script = lambda h: multiply_script(h).replace('"multiply"', '"slow_multiply"')  # noqa: E731
     setup = setup_for(tiny_tokenizer, slow_multiply)
-    start = time.monotonic()
-    _, rollout = run(tiny_tokenizer, script, setup, group=4)  # 8 calls of 0.4 s in one round
-    assert time.monotonic() - start < 3.2
+    _, rollout = run(tiny_tokenizer, script, setup, group=4)  # 8 calls in one round
+    assert in_flight["most"] == 8  # all of them awaited at once
     assert [c[2]["content"] for c in rollout.completions[::4]] == ["It is 5535.", "It is 56."]
 
 

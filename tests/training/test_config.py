@@ -18,6 +18,18 @@ def test_defaults_fit_a_cpu(tmp_path):
     assert c.learning_rate == 1e-5 and c.share_prompt_prefix is True
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="bf16 runs on the GPU there")
+def test_bf16_on_a_cpu_runs_there_and_warns_where_it_is_emulated(tmp_path, monkeypatch, caplog):
+    from grpo_plugin.training import config as config_module
+
+    c = make(tmp_path, bf16=True)  # transformers alone: "Your setup doesn't support bf16/gpu"
+    assert c.bf16 is True and c.use_cpu is True
+    monkeypatch.setattr(config_module, "cpu_has_bf16_units", lambda: False)
+    with caplog.at_level("WARNING"):
+        make(tmp_path, bf16=True)
+    assert "without AVX512-BF16 or AMX" in caplog.text
+
+
 def test_generation_batch_is_derived_like_trl(tmp_path):
     c = make(tmp_path, per_device_train_batch_size=8, gradient_accumulation_steps=2)
     assert (c.steps_per_generation, c.generation_batch_size, c.prompts_per_generation) == (2, 16, 2)
