@@ -15,7 +15,7 @@ library internals: it calls these helpers.
 | `generation_default`                | transformers 5.x leaves GenerationConfig fields None and keeps the effective defaults in a private table | transformers exposes its generation defaults publicly |
 | `launched_without_accelerators`     | accelerate 1.15 runs each process of a GPU-less `torchrun` / `--multi_gpu` launch as its own one-process job | accelerate selects MULTI_CPU (gloo) for such launches |
 | `fsdp2_parameters_held`             | torch 2.13 FSDP2 has no public "unshard and keep until I say" API (private `_get_fsdp_state`, `_lazy_init`, `post_forward_mesh_info`) | FSDP2 exposes one |
-| `release_process_group`             | torch 2.13 gloo: a process group left to interpreter shutdown sometimes aborts a process that finished its work (SIGABRT, "terminate called without an active exception"; seen in ~2 of 13 two-process test runs) | torch destroys it cleanly at exit |
+| `release_process_group`             | torch 2.13 gloo: a process group left to interpreter shutdown sometimes aborts a process that finished its work (SIGABRT, "terminate called without an active exception"; seen in ~2 of 13 two-process test runs, and once in CI after `destroy_process_group` alone: a finished trainer's DDP wrapper, kept by a reference cycle, still held the group) | torch destroys it cleanly at exit |
 | `cpu_has_bf16_units`                | torch 2.13 tells a CPU's AVX512-BF16 / AMX only through private `torch.cpu._is_*_supported` | torch exposes CPU features publicly |
 | `moe_router_config`, `moe_load_balancing_loss` | transformers 5.x MoE models keep the load-balancing loss in each modeling module and the expert counts on the `ForCausalLM` | transformers exposes one public aux-loss API |
 
@@ -31,6 +31,7 @@ Private `transformers.Trainer` methods the trainer overrides (in `training/train
 
 from __future__ import annotations
 
+import gc
 import inspect
 import os
 import sys
@@ -88,9 +89,17 @@ def fsdp2_parameters_held(model: torch.nn.Module) -> Iterator[None]:
 
 
 def release_process_group() -> None:
-    """Destroy the default process group, if one is up, before the interpreter exits."""
+    """Destroy the process groups, if any are up, while the interpreter is still whole.
+
+    `destroy_process_group` only unregisters a group: the C++ group lives on while anything holds
+    it. A finished trainer's DDP wrapper does (its reducer), and a trainer sits in reference cycles
+    (callbacks, a raised exception's traceback), so without a collection it is freed during
+    interpreter finalization, where gloo can abort the process. Collecting first frees it here.
+    """
     if torch.distributed.is_available() and torch.distributed.is_initialized():
+        gc.collect()
         torch.distributed.destroy_process_group()
+        gc.collect()
 
 
 def unwrap_peft(model: torch.nn.Module) -> torch.nn.Module:

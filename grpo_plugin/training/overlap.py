@@ -91,10 +91,13 @@ def _score_group(rewards: Any, tokenizer: Any, row: dict, ids, mask, group: int)
     )
 
 
-def _score_rest(rollout: Rollout, rewards: Any, groups: list[int]) -> torch.Tensor:
-    """(len(groups) * G, F) rewards of the groups that finished with the loop, in one call."""
-    g = rollout.group_size
-    idx = [p * g + i for p in groups for i in range(g)]
+def _group_rows(groups: list[int], group_size: int) -> list[int]:
+    """The rollout rows of `groups` (group p holds rows p*G .. p*G + G-1), in order."""
+    return [p * group_size + i for p in groups for i in range(group_size)]
+
+
+def _score_rest(rollout: Rollout, rewards: Any, idx: list[int]) -> torch.Tensor:
+    """(len(idx), F) rewards of rows `idx` (the groups that finished with the loop), one call."""
     pick = lambda values: [values[i] for i in idx]  # noqa: E731
     columns = {k: pick(v) for k, v in rollout.columns.items()}
     return score_completions(
@@ -160,8 +163,8 @@ def sample_and_score(
     for p, values in scored.items():
         per_func[p * group : (p + 1) * group] = values
     if rest:
-        idx = torch.tensor([p * group + i for p in rest for i in range(group)])
-        per_func[idx] = _score_rest(rollout, rewards, rest)
+        idx = _group_rows(rest, group)
+        per_func[torch.tensor(idx)] = _score_rest(rollout, rewards, idx)
     rollout.per_func, rollout.rewards = per_func, combine_rewards(per_func, rewards.weights)
     warn_if_unscored(rollout)
     end = time.perf_counter()

@@ -3,6 +3,8 @@ backend check. The multi-process proofs are in test_distributed_launch.py."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -126,3 +128,30 @@ def test_accelerate_configs_load_and_say_when_to_use_them(path):
     assert config.distributed_type.value in {"MULTI_GPU", "FSDP", "DEEPSPEED"}
     if config.distributed_type.value == "FSDP":
         assert config.fsdp_config["fsdp_version"] == 2
+
+
+RELEASE_SCRIPT = """
+import sys, weakref, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from grpo_plugin._compat import release_process_group
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+ddp = DistributedDataParallel(torch.nn.Linear(4, 2))
+ddp(torch.ones(3, 4)).sum().backward()
+ddp.cycle = ddp  # a finished trainer sits in cycles like this one (callbacks, tracebacks)
+held = weakref.ref(ddp)
+del ddp
+print(held() is not None, end=" ")
+release_process_group()
+print(held() is not None, dist.is_initialized())
+"""
+
+
+def test_releasing_the_process_group_frees_what_still_holds_it(tmp_path):
+    """A DDP wrapper in a reference cycle outlives its trainer and holds the gloo group; released
+    at exit, it is freed while the interpreter is whole (not in finalization, where gloo aborts)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", RELEASE_SCRIPT, str(tmp_path / "store")],
+        capture_output=True, text=True, timeout=120, cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["True", "False", "False"]  # alive, then freed and destroyed
