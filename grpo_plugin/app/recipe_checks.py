@@ -156,13 +156,14 @@ def check_evaluation(recipe: Recipe, rewards: list[Callable]) -> None:
 
 
 def recipe_tools(recipe: Recipe) -> list[Callable]:
-    """The recipe's tools as callables (names resolved relative to the recipe), schemas checked."""
-    from ..training.tool_setup import resolve_tool, resolve_tools
+    """The recipe's tools as callables (names resolved relative to the recipe), schemas checked,
+    and what the trainer refuses next to tools (`overlap_scoring`, `auto_find_batch_size`)."""
+    from ..training.tool_setup import ToolInputs, resolve_tool
 
     base = Path(recipe.source).parent if recipe.source else None
     try:
         callables = [resolve_tool(spec, base) for spec in recipe.args.tools or []]
-        resolve_tools(callables)
+        ToolInputs.check(callables, None, None, recipe.config)
     except ValueError as err:
         raise RecipeError(one_line(err)) from err
     return callables

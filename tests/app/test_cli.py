@@ -92,6 +92,12 @@ def test_good_recipe_dry_run(tmp_path, capsys, no_training):
         (GOOD + "tools: [no_such_module_xyz:f]\n", [], "cannot import 'no_such_module_xyz'"),
         (GOOD + "tools: ['math:prod']\n", [], "tool 'prod' cannot be described to the model"),
         (GOOD + "tool_chat_template: jinja\n", [], "tool_chat_template='jinja'; use one of"),
+        # overlapped scoring is for single-turn rollouts
+        (
+            GOOD + "tools: [python]\n",
+            ["--overlap_scoring", "true"],
+            "this run has tools; set overlap_scoring=False",
+        ),
     ],
     ids=[
         "key",
@@ -108,6 +114,7 @@ def test_good_recipe_dry_run(tmp_path, capsys, no_training):
         "tool-import",
         "tool-schema",
         "tool-template",
+        "overlap-tools",
     ],  # fmt: skip
 )
 def test_bad_recipe_gives_one_line_and_exit_2(tmp_path, capsys, no_training, text, flags, expected):
