@@ -25,6 +25,7 @@ Private `transformers.Trainer` methods the trainer overrides (in `training/train
 | override                             | why                                   | remove when                    |
 |--------------------------------------|---------------------------------------|--------------------------------|
 | `_save_checkpoint`, `_get_output_dir` | the Trainer writes `checkpoint-N/` in place; redirected to a staging folder, then renamed (atomic) | the Trainer saves atomically |
+| `_init_training_state`              | a resume from a checkpoint at `max_steps` trained one more step (max_steps is checked only after a step); the epoch loop is skipped there (`lifecycle.skip_when_done`) | the Trainer checks max_steps before the first resumed step |
 | `_load_optimizer_and_scheduler`      | the one hook every process runs when resuming; also restores the trainer's own state | the Trainer has a resume-state hook |
 | `_get_grad_norm`                     | the last call before `optimizer.step()`; a non-finite norm stops the run | a public pre-step hook that sees the norm |
 """

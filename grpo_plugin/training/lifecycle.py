@@ -7,7 +7,8 @@ into a checkpoint, checkpoints written atomically.
       cut_back_to_step     metrics.jsonl and completions/ back to the checkpoint's step
       autopilot.apply      auto_find_batch_size: the micro-batch that fits (autopilot.py)
       handlers_installed   SIGTERM / Ctrl-C -> save and stop (preemption.py)
-      Trainer.train        (its `_save_checkpoint` goes through `save_checkpoint` below)
+      Trainer.train        (its `_save_checkpoint` goes through `save_checkpoint` below;
+                           `skip_when_done`: a checkpoint at max_steps trains no further step)
 
 How it differs from `transformers.Trainer`: there, `resume_from_checkpoint` restores weights,
 optimizer, scheduler and RNG states; here also the trainer's own state (`trainer_state`), so a run
@@ -58,6 +59,25 @@ def train(trainer: Any, base_train: Callable[..., Any], resume: str | bool | Non
     if guard.signum is not None:
         raise TrainingInterrupted(guard.signum, trainer.state.global_step, _newest(a.output_dir))
     return output
+
+
+def skip_when_done(state: Any, epochs: int, steps: int, num_epochs: int) -> tuple[int, int]:
+    """`Trainer._init_training_state`'s (epochs trained, steps into the epoch), or "every epoch
+    done" when a resumed run's checkpoint is already at or past `max_steps`.
+
+    transformers 5.24 checks `max_steps` only after an optimizer step, so resuming from the last
+    checkpoint (a SIGTERM during the final evaluation, or a finished run resumed again) trained
+    one step more than the uninterrupted run, and every further resume one more.
+    """
+    if state.max_steps > 0 and state.global_step >= state.max_steps:
+        logger.warning(
+            "The checkpoint is at step %d and max_steps=%d: nothing is left to train (raise "
+            "max_steps to train further).",
+            state.global_step,
+            state.max_steps,
+        )
+        return num_epochs, 0
+    return epochs, steps
 
 
 def _newest(output_dir: str) -> str | None:

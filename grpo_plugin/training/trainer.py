@@ -393,6 +393,12 @@ class GRPOTrainer(Trainer):
         base_save = super()._save_checkpoint
         lifecycle.save_checkpoint(self, lambda: base_save(model, trial), self.args.output_dir)
 
+    def _init_training_state(self, max_steps, num_update_steps_per_epoch, num_train_epochs, *a):
+        epochs, steps = super()._init_training_state(
+            max_steps, num_update_steps_per_epoch, num_train_epochs, *a
+        )
+        return lifecycle.skip_when_done(self.state, epochs, steps, num_train_epochs)
+
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         super()._load_optimizer_and_scheduler(checkpoint)
         self._objective.load_state(checkpoint)  # the adaptive entropy coefficient, as TRL

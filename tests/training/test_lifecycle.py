@@ -4,6 +4,7 @@ rerun into a used directory is refused, and a non-finite loss stops before the w
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 
@@ -115,6 +116,27 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes_exactly(
     weights, lines = uninterrupted
     assert max((adapter(resumed)[k] - weights[k]).abs().max().item() for k in weights) == 0.0
     assert metric_lines(out) == lines
+
+
+def test_resuming_from_the_last_checkpoint_trains_no_further_step(
+    tiny_tokenizer, tmp_path, uninterrupted, caplog
+):
+    """SIGTERM during the last step: checkpoint-5 is the end of the run; resuming it (twice)
+    trains nothing (transformers alone trained a step 6, then 7)."""
+    out = tmp_path / "out"
+    with pytest.raises(TrainingInterrupted) as stopped:
+        trainer_for(tiny_tokenizer, out, [SignalAt(4)]).train()
+    assert stopped.value.step == 5 and stopped.value.checkpoint == str(out / "checkpoint-5")
+    weights, lines = uninterrupted
+    for _ in range(2):
+        resumed = trainer_for(tiny_tokenizer, out)
+        with caplog.at_level(logging.WARNING, logger="grpo_plugin.training.lifecycle"):
+            resumed.train(resume_from_checkpoint=True)
+        assert resumed.state.global_step == 5
+        assert max((adapter(resumed)[k] - weights[k]).abs().max().item() for k in weights) == 0.0
+        assert [r["step"] for r in metric_lines(out) if "loss" in r] == [1, 2, 3, 4, 5]
+    assert "checkpoint is at step 5 and max_steps=5: nothing is left to train" in caplog.text
+    assert [p.name for p in sorted(out.glob("checkpoint-*"))][-1] == "checkpoint-5"
 
 
 def test_evaluate_then_train_works_but_a_rerun_is_refused(tiny_tokenizer, tmp_path):
