@@ -100,7 +100,6 @@ def release_process_group() -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         gc.collect()
         torch.distributed.destroy_process_group()
-        gc.collect()
 
 
 def unwrap_peft(model: torch.nn.Module) -> torch.nn.Module:
