@@ -89,7 +89,7 @@ def main() -> None:
     from grpo_plugin.app.recipe_checks import recipe_tools
     from grpo_plugin.rollout.noise import KeyedNoise, RolloutKey
     from grpo_plugin.training.policy import load_policy
-    from grpo_plugin.training.tool_setup import ToolInputs
+    from grpo_plugin.training.sampling.tools import ToolInputs
 
     recipe = load_recipe(args.recipe)
     train, _ = load_prompt_datasets(recipe.args.dataset)

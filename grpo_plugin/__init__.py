@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 from ._version import __version__
 
 _EXPORTS = {
-    "GRPOConfig": "grpo_plugin.training.config",
+    "GRPOConfig": "grpo_plugin.training.config.grpo_config",
     "GRPOTrainer": "grpo_plugin.training.trainer",
     "load_policy": "grpo_plugin.training.policy",
-    "evaluate": "grpo_plugin.training.evaluation",
+    "evaluate": "grpo_plugin.training.evaluation.engine",
     "run_recipe": "grpo_plugin.app.pipeline",
     "load_recipe": "grpo_plugin.app.recipe",
     "arithmetic_dataset": "grpo_plugin.app.data",
@@ -45,8 +45,8 @@ if TYPE_CHECKING:
     from .app.data import arithmetic_dataset, gsm8k_dataset
     from .app.pipeline import run_recipe
     from .app.recipe import load_recipe
-    from .training.config import GRPOConfig
-    from .training.evaluation import evaluate
+    from .training.config.grpo_config import GRPOConfig
+    from .training.evaluation.engine import evaluate
     from .training.policy import load_policy
     from .training.trainer import GRPOTrainer
 

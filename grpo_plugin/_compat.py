@@ -20,7 +20,7 @@ library internals: it calls these helpers.
 | `moe_router_config`, `moe_load_balancing_loss` | transformers 5.x MoE models keep the load-balancing loss in each modeling module and the expert counts on the `ForCausalLM` | transformers exposes one public aux-loss API |
 
 Private `transformers.Trainer` methods the trainer overrides (in `training/trainer.py`, the logic in
-`training/lifecycle.py`), checked against transformers 5.24:
+`training/run/lifecycle.py`), checked against transformers 5.24:
 
 | override                             | why                                   | remove when                    |
 |--------------------------------------|---------------------------------------|--------------------------------|

@@ -89,7 +89,7 @@ def cmd_train(argv: Sequence[str]) -> int:
         recipe_parser().print_help()
         return 0
     from .app.preflight import prepare_run
-    from .training.preemption import TrainingInterrupted
+    from .training.run.preemption import TrainingInterrupted
 
     try:
         recipe = load_recipe(path, flags)
@@ -204,7 +204,7 @@ def add_publish_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
 
 def publish_from_args(args: argparse.Namespace) -> int:
     """Run `publish` from parsed CLI args; print the URL, or one error line. Returns an exit code."""
-    from .app.hub import HubPublishError, publish
+    from .training.publish.hub import HubPublishError, publish
 
     try:
         url = publish(

@@ -8,6 +8,7 @@ import string
 from pathlib import Path
 
 import pytest
+from transformers import TrainerCallback as _TrainerCallback
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -158,6 +159,17 @@ def make_trainer(tokenizer, tmp_path, reward=frac_sevens, *, model=None, data=No
     )
 
 
+class CrashAt(_TrainerCallback):
+    """Kills the run (as an exception) when `step` optimizer steps are done."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise SystemExit("simulated crash")
+
+
 def load_script(path: Path, name: str):
     """Import a script that is not in a package (recipes/*.py, benchmarks/*.py) as a module."""
     import importlib.util
@@ -249,7 +261,7 @@ def write_run_files(path, run_info=RUN_INFO, evaluation=EVAL, steps=40):
 @pytest.fixture
 def run_dir(tmp_path):
     """A run dir with hand-written run files and its curve."""
-    from grpo_plugin.app.plot import plot_reward_curve
+    from grpo_plugin.training.publish.plot import plot_reward_curve
 
     path = write_run_files(tmp_path / "run")
     plot_reward_curve(path)

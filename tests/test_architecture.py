@@ -22,8 +22,6 @@ LAYER_MAY_IMPORT = {
     "rollout": {"core", "rollout", "_compat", "_logging"},
     "training": {"core", "rollout", "training", "_compat", "_logging", "_version", "models"},
 }
-# The one upward call: TRL puts `push_to_hub` on the trainer; it publishes through app/.
-ALLOWED_UPWARD = {("training/trainer.py", "app")}
 
 
 def _module_name(path: Path) -> str:
@@ -60,8 +58,7 @@ def test_each_layer_imports_only_what_is_below_it(layer):
             parts = name.split(".")
             if parts[0] != "grpo_plugin" or len(parts) == 1:
                 continue
-            if (rel, parts[1]) not in ALLOWED_UPWARD:
-                assert parts[1] in LAYER_MAY_IMPORT[layer], f"{rel} imports {name}"
+            assert parts[1] in LAYER_MAY_IMPORT[layer], f"{rel} imports {name}"
 
 
 def test_reward_fns_never_imports_grpo_plugin():

@@ -22,7 +22,9 @@ import yaml
 
 import reward_fns
 
-from ..training import distributed, run_lock, rundir
+from ..training import distributed
+from ..training.run import lock as run_lock
+from ..training.run import rundir
 from .data import dataset_hub_ids, dataset_label
 from .preflight import RecipeData, prepare_run
 from .recipe import Recipe, RecipeError, load_recipe, one_line
@@ -57,7 +59,7 @@ def _eval_reward(recipe: Recipe, rewards: list[Callable]) -> Callable:
 
 
 def _evaluate(trainer, dataset, reward_fn: Callable, recipe: Recipe) -> dict[str, Any]:
-    from ..training.evaluation import evaluate
+    from ..training.evaluation.engine import evaluate
 
     spec = {k: v for k, v in (recipe.args.eval or {}).items() if k not in ("reward", "before")}
     spec.setdefault("k", 8)
@@ -108,7 +110,7 @@ def training_evaluations(trainer, evaluation: dict[str, Any]) -> dict[str, Any]:
     """eval.json's `curve` (before, every evaluation during training, after: at the step of the
     weights it measured), `best_step` and `best_metric` when a best model was tracked, and the
     reward-hacking `alarms`."""
-    from ..training.eval_curve import build_curve
+    from ..training.evaluation.curve import build_curve
 
     watch = trainer.eval_watch.summary(trainer.args, trainer.state)
     after_step = watch.get("weights_step", trainer.state.global_step)
@@ -198,8 +200,8 @@ def _before(trainer, recipe: Recipe, data: RecipeData, eval_fn: Callable, out: P
 
 
 def _run(recipe: Recipe, rewards: list[Callable], data: RecipeData, out: Path) -> dict[str, Any]:
-    from .card import write_model_card
-    from .plot import plot_reward_curve
+    from ..training.publish.card import write_model_card
+    from ..training.publish.plot import plot_reward_curve
 
     start = time.perf_counter()
     held_out = data.held_out
@@ -260,9 +262,9 @@ def evaluate_model(
     """`grpo-plugin eval`: greedy accuracy and pass@k of a model (and adapter) on a dataset spec,
     with `tools` the model may call (`tool_options`: an object with the `GRPOConfig` tool fields);
     bad arguments raise `RecipeError` before the model loads."""
-    from ..training.evaluation import evaluate
+    from ..training.evaluation.engine import evaluate
     from ..training.policy import load_adapter, load_policy
-    from ..training.tool_setup import ToolInputs
+    from ..training.sampling.tools import ToolInputs
     from .data import load_prompt_datasets, parse_dataset_arg, validate_dataset_spec
 
     try:

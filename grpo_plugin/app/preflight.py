@@ -15,7 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..training import checkpoints, preflight, run_lock
+from ..training import preflight
+from ..training.run import checkpoints
+from ..training.run import lock as run_lock
 from .data import load_prompt_datasets
 from .recipe import Recipe, RecipeError, one_line
 from .recipe_checks import check_reward_columns

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 from transformers import HfArgumentParser
 
-from ..training.config import GRPOConfig
+from ..training.config.grpo_config import GRPOConfig
 from .recipe_library import find_recipe
 
 DICT_FIELDS = ("dataset", "lora", "eval")

@@ -17,9 +17,9 @@ from typing import Any
 
 import reward_fns
 
-from ..training.config import GRPOConfig
-from ..training.eval_setup import check_eval_setup, resolve_eval_metrics
-from ..training.reward_context import TRAINER_KWARGS
+from ..training.config.grpo_config import GRPOConfig
+from ..training.evaluation.setup import check_eval_setup, resolve_eval_metrics
+from ..training.rewards.context import TRAINER_KWARGS
 from .data import has_held_out, known_columns, validate_dataset_spec
 from .recipe import Recipe, RecipeError, one_line, unknown_key_message
 
@@ -158,7 +158,7 @@ def check_evaluation(recipe: Recipe, rewards: list[Callable]) -> None:
 def recipe_tools(recipe: Recipe) -> list[Callable]:
     """The recipe's tools as callables (names resolved relative to the recipe), schemas checked,
     and what the trainer refuses next to tools (`overlap_scoring`, `auto_find_batch_size`)."""
-    from ..training.tool_setup import ToolInputs, resolve_tool
+    from ..training.sampling.tools import ToolInputs, resolve_tool
 
     base = Path(recipe.source).parent if recipe.source else None
     try:

@@ -47,7 +47,8 @@ import torch
 from ..core.batching import shared_group_size
 from ..rollout.prompts import encode_prompts
 from ..rollout.types import TrainingBatch
-from . import checkpoints, streaming
+from .run import checkpoints
+from .sampling import streaming
 
 logger = logging.getLogger(__name__)
 GIB = 2**30

@@ -10,7 +10,7 @@ import time
 
 from transformers import TrainerCallback
 
-from .rundir import append_metrics
+from .run.rundir import append_metrics
 
 
 class MetricsJsonlCallback(TrainerCallback):

@@ -9,8 +9,8 @@ import torch
 
 from . import preflight
 from .distributed import check_launch
-from .eval_setup import check_eval_datasets
-from .streaming import check_streamed_training, is_streamed, stream_columns
+from .evaluation.setup import check_eval_datasets
+from .sampling.streaming import check_streamed_training, is_streamed, stream_columns
 
 
 def check_prompt_dataset(dataset: Any, name: str) -> Any:

@@ -33,7 +33,8 @@ from ..core.objectives import (
     policy_loss,
 )
 from ..rollout.types import Rollout, TrainingBatch
-from . import distributed, rundir
+from . import distributed
+from .run import rundir
 
 
 def rollout_advantages(

@@ -42,21 +42,16 @@ from ..core.logprobs import completion_logprobs
 from ..rollout.dynamic_sampling import refill
 from ..rollout.noise import KeyedNoise, RolloutKey
 from ..rollout.types import Rollout, TrainingBatch
-from . import completions_log, distributed, guards, lifecycle, run_lock, rundir, streaming
+from . import distributed
 from .callbacks import (
     MetricsJsonlCallback,
     RichProgressCallback,
     SyncRefModelCallback,
 )
-from .config import GRPOConfig
-from .config_trl import warn_on_loss_combinations
-from .eval_setup import (
-    check_eval_setup,
-    eval_set_names,
-    prefixed,
-    resolve_eval_metrics,
-)
-from .eval_watch import RewardHackingCallback
+from .config.grpo_config import GRPOConfig
+from .config.trl_fields import warn_on_loss_combinations
+from .evaluation.setup import check_eval_setup, eval_set_names, prefixed, resolve_eval_metrics
+from .evaluation.watch import RewardHackingCallback
 from .inputs import check_inputs, check_prompt_lengths_of
 from .metrics import MetricsWindow, ZeroStdWatch, reward_metrics
 from .objective import TrainingObjective, rollout_advantages
@@ -67,10 +62,13 @@ from .policy import (
     reference_mode,
     trainer_init_kwargs,
 )
-from .reward_context import RewardContext
-from .rewards import RewardSources
-from .sampling import RolloutSampler
-from .tool_setup import ToolInputs
+from .rewards.context import RewardContext
+from .rewards.sources import RewardSources
+from .run import completions_log, guards, lifecycle, rundir
+from .run import lock as run_lock
+from .sampling import streaming
+from .sampling.rollouts import RolloutSampler
+from .sampling.tools import ToolInputs
 
 
 class GRPOTrainer(Trainer):
@@ -79,7 +77,7 @@ class GRPOTrainer(Trainer):
     `dataset_names` (Hub ids of the training data) may be set after construction; they are
     written to `grpo_run.json` and the model card. `eval_dataset` may be a dict of named sets;
     `eval_metrics` (a callable or "module:function") adds task metrics to every evaluation
-    (`training/eval_loop.py`).
+    (`training/evaluation/during_training.py`).
     """
 
     def __init__(
@@ -375,7 +373,7 @@ class GRPOTrainer(Trainer):
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
         """Greedy accuracy, pass@k and TRL's eval metrics on the held-out set(s), logged once."""
-        from .eval_loop import evaluate_trainer
+        from .evaluation.during_training import evaluate_trainer
 
         return evaluate_trainer(self, eval_dataset, metric_key_prefix)
 
@@ -434,7 +432,7 @@ class GRPOTrainer(Trainer):
     def push_to_hub(self, repo_id: str | None = None, *, token: str | None = None, **kwargs) -> str:
         """Save, plot, write the model card and publish the output dir as one commit (`kwargs`:
         private, merge, revision, commit_message, ...: `app.hub.publish`)."""
-        from ..app.hub import publish_trainer
+        from .publish.hub import publish_trainer
 
         return publish_trainer(
             self, repo_id or self.args.hub_model_id, token or self._hub_token, **kwargs

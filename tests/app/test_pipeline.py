@@ -13,7 +13,7 @@ from grpo_plugin import cli, run_recipe
 from grpo_plugin.app import pipeline, preflight
 from grpo_plugin.app.data import arithmetic_dataset
 from grpo_plugin.app.recipe_library import builtin_recipes, find_recipe, purpose
-from grpo_plugin.training.eval_curve import wilson_interval
+from grpo_plugin.training.evaluation.curve import wilson_interval
 
 TINY_RECIPE = (
     "model: {model}\n"

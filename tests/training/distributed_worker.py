@@ -153,7 +153,7 @@ def length_score(prompts, completions, **kwargs):
 
 
 def sharded_eval(out: Path) -> None:
-    from grpo_plugin.training.evaluation import evaluate
+    from grpo_plugin.training.evaluation.engine import evaluate
 
     trainer = tiny_trainer(out / "eval-run", 8)
     model = trainer.accelerator.unwrap_model(trainer.model)
@@ -221,7 +221,7 @@ def _report(run) -> dict:
 
 
 def eval_error(out: Path) -> None:
-    from grpo_plugin.training.evaluation import evaluate
+    from grpo_plugin.training.evaluation.engine import evaluate
 
     trainer = tiny_trainer(out / "run", 8, reward=fails_on_process_1)
     model, data = trainer.accelerator.unwrap_model(trainer.model), trainer.train_dataset

@@ -18,7 +18,7 @@ from conftest import (
 )
 
 from grpo_plugin import GRPOTrainer
-from grpo_plugin.training.scoring import RewardFunctionError
+from grpo_plugin.training.rewards.scoring import RewardFunctionError
 
 
 def load_4bit(model, tmp_path):

@@ -7,9 +7,8 @@ import re
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import CrashAt, tiny_config
 from scripted_policy import after_tool, call, last_turn, multiply, multiply_script, scripted_llama
-from test_lifecycle import CrashAt
 
 from grpo_plugin import GRPOConfig, GRPOTrainer
 
@@ -298,7 +297,7 @@ def test_a_template_we_cannot_parse_fails_before_training(tiny_tokenizer, tmp_pa
 
 
 def test_evaluation_offers_the_tools_and_reports_the_call_rate(tiny_tokenizer, tmp_path):
-    from grpo_plugin.training.evaluation import evaluate
+    from grpo_plugin.training.evaluation.engine import evaluate
 
     trainer = tool_trainer(tiny_tokenizer, tmp_path, num_generations_eval=1,
                            per_device_eval_batch_size=4)  # fmt: skip

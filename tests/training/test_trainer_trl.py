@@ -194,7 +194,7 @@ def test_sampling_options_reach_the_sampler(tiny_tokenizer, tmp_path, caplog):
                            num_completions_to_print=2, log_unique_prompts=True)  # fmt: skip
     sampling = trainer.args.sampling_params()
     assert (sampling.min_p, sampling.top_k, sampling.suppress_tokens) == (0.05, 10, (5,))
-    with caplog.at_level(logging.INFO, logger="grpo_plugin.training.completions_log"):
+    with caplog.at_level(logging.INFO, logger="grpo_plugin.training.run.completions_log"):
         trainer.train()
     table = caplog.text.split("Completions at step 0:")[1]
     assert "reward | advantage | prompt | completion" in table

@@ -1,0 +1,2 @@
+"""Evaluation: the one engine (during training, before/after a recipe, `grpo-plugin eval`), its
+setup checks, the watch (best step, reward-hacking alarm) and the held-out curve."""

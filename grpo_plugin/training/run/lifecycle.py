@@ -1,0 +1,169 @@
+"""Around `GRPOTrainer.train()`: the run directory claimed, a resume made exact, a signal turned
+into a checkpoint, checkpoints written atomically.
+
+    train(resume_from_checkpoint)
+      resolve_resume       a path or True -> the newest complete checkpoint (checkpoints.py)
+      run_lock.claim       lock output_dir; refuse a rerun that neither resumes nor overwrites
+      cut_back_to_step     metrics.jsonl and completions/ back to the checkpoint's step
+      autopilot.apply      auto_find_batch_size: the micro-batch that fits (autopilot.py)
+      handlers_installed   SIGTERM / Ctrl-C -> save and stop (preemption.py)
+      Trainer.train        (its `_save_checkpoint` goes through `save_checkpoint` below;
+                           `skip_when_done`: a checkpoint at max_steps trains no further step)
+
+How it differs from `transformers.Trainer`: there, `resume_from_checkpoint` restores weights,
+optimizer, scheduler and RNG states; here also the trainer's own state (`trainer_state`), so a run
+resumed from checkpoint k continues exactly as the uninterrupted run would (the rollout buffer
+when a rollout spans the checkpoint, the metrics window, the zero-std streak, ...).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ...rollout.types import TrainingBatch
+from .. import autopilot
+from . import checkpoints, rundir
+from . import lock as run_lock
+from .preemption import PreemptionCallback, TrainingInterrupted, handlers_installed
+
+logger = logging.getLogger(__name__)
+
+
+def train(trainer: Any, base_train: Callable[..., Any], resume: str | bool | None, **kwargs):
+    """`Trainer.train` (`base_train`) wrapped in the steps above; returns its output, or raises
+    `TrainingInterrupted` after a signal (the checkpoint is saved)."""
+    a = trainer.args
+    if resume is None and a.resume_from_checkpoint:  # honoured, not silently ignored
+        resume = a.resume_from_checkpoint
+    checkpoint = checkpoints.resolve_resume(a.output_dir, resume)
+    main = trainer.is_world_process_zero()
+    if main:  # the earlier run's files as found when the trainer was built (not its own writes)
+        found, resuming = trainer._previous_run_files, checkpoint is not None
+        run_lock.claim(a.output_dir, resume=resuming, overwrite=a.overwrite_output_dir, found=found)
+    try:
+        if main and checkpoint is not None:
+            rundir.cut_back_to_step(a.output_dir, checkpoints.checkpoint_step(checkpoint) or 0)
+            checkpoints.remove_staging(a.output_dir)
+        autopilot.apply(trainer, checkpoint)  # before the first step (no-op when it is off)
+        guard = PreemptionCallback(trainer.accelerator)
+        trainer.add_callback(guard)
+        try:
+            with handlers_installed(guard):
+                output = base_train(resume_from_checkpoint=checkpoint, **kwargs)
+        finally:
+            trainer.remove_callback(guard)
+    finally:
+        if main:
+            run_lock.release(a.output_dir)
+    if guard.signum is not None:
+        raise TrainingInterrupted(guard.signum, trainer.state.global_step, _newest(a.output_dir))
+    return output
+
+
+def skip_when_done(state: Any, epochs: int, steps: int, num_epochs: int) -> tuple[int, int]:
+    """`Trainer._init_training_state`'s (epochs trained, steps into the epoch), or "every epoch
+    done" when a resumed run's checkpoint is already at or past `max_steps`.
+
+    transformers 5.24 checks `max_steps` only after an optimizer step, so resuming from the last
+    checkpoint (a SIGTERM during the final evaluation, or a finished run resumed again) trained
+    one step more than the uninterrupted run, and every further resume one more.
+    """
+    if state.max_steps > 0 and state.global_step >= state.max_steps:
+        logger.warning(
+            "The checkpoint is at step %d and max_steps=%d: nothing is left to train (raise "
+            "max_steps to train further).",
+            state.global_step,
+            state.max_steps,
+        )
+        return num_epochs, 0
+    return epochs, steps
+
+
+def _newest(output_dir: str) -> str | None:
+    found = checkpoints.latest_complete(output_dir)
+    return str(found) if found is not None else None
+
+
+def save_checkpoint(trainer: Any, base_save: Callable[[], None], run_dir: str) -> None:
+    """Write `checkpoint-<step>` atomically: `base_save` (the Trainer's own saving, redirected to
+    the staging folder through `trainer._staging_dir`), then the trainer's state, then rename."""
+
+    push = trainer.args.push_to_hub  # pushed once renamed, from its final folder
+
+    def write(staged: Path) -> None:
+        trainer._staging_dir, trainer.args.push_to_hub = str(staged.parent), False
+        try:
+            base_save()
+        finally:
+            trainer._staging_dir, trainer.args.push_to_hub = None, push
+        _fix_best_checkpoint(trainer, staged.parent, Path(run_dir))
+        checkpoints.save_state(staged, trainer.args.process_index, trainer_state(trainer))
+        if trainer.is_world_process_zero():
+            trainer._objective.save_state(staged)  # TRL's entropy_ctrl_state.json
+            trainer.state.save_to_json(str(staged / checkpoints.TRAINER_STATE))
+
+    acc, main = trainer.accelerator, trainer.is_world_process_zero()
+    step = trainer.state.global_step
+    final = checkpoints.write_atomically(run_dir, step, write, main, acc.wait_for_everyone)
+    if push:
+        trainer._push_from_checkpoint(str(final))
+    if main:
+        _rotate(trainer, run_dir)
+    acc.wait_for_everyone()
+
+
+def _fix_best_checkpoint(trainer: Any, staging: Path, run_dir: Path) -> None:
+    """The Trainer records the best checkpoint under the folder it wrote to: point it home."""
+    best = trainer.state.best_model_checkpoint
+    if best and str(best).startswith(str(staging)):
+        trainer.state.best_model_checkpoint = str(run_dir / Path(best).name)
+
+
+def _rotate(trainer: Any, run_dir: str) -> None:
+    from transformers.trainer_utils import rotate_checkpoints
+
+    rotate_checkpoints(
+        output_dir=run_dir,
+        save_total_limit=trainer.args.save_total_limit,
+        best_model_checkpoint=trainer.state.best_model_checkpoint,
+        use_mtime=False,
+    )
+
+
+# --- the trainer's own state ---------------------------------------------------------------------
+def trainer_state(trainer: Any) -> dict[str, Any]:
+    """What decides the rest of the run besides weights, optimizer and RNG (plain types only)."""
+    a, buffer = trainer.args, trainer._buffer
+    per_rollout = a.steps_per_generation * a.num_iterations
+    mid_rollout = (trainer.state.global_step * a.gradient_accumulation_steps) % per_rollout != 0
+    state: dict[str, Any] = {
+        "buffer": buffer._tensors() if buffer is not None and mid_rollout else None,
+        "loss_tokens_per_slice": trainer._loss_tokens_per_slice,
+        "zero_std_streak": trainer._zero_std.streak,
+        "metrics_window": dict(trainer._metrics.values),
+        "metrics_last_logged_step": trainer._metrics.last_logged_step,
+        "hacking_alarm_warned": trainer.eval_watch.warned,
+    }
+    if trainer.args.sync_ref_model and trainer.ref_model is not None:
+        state["ref_model"] = {k: v.cpu() for k, v in trainer.ref_model.state_dict().items()}
+    return state
+
+
+def restore_trainer_state(trainer: Any, checkpoint: str | None) -> None:
+    """Undo `trainer_state` from a checkpoint being resumed (no-op for a fresh run)."""
+    state = checkpoints.load_state(checkpoint, trainer.args.process_index)
+    if state is None:
+        return
+    if state["buffer"] is not None:
+        trainer._buffer = TrainingBatch(**state["buffer"]).to(trainer.args.device)
+    trainer._loss_tokens_per_slice = state["loss_tokens_per_slice"]
+    trainer._zero_std.streak = state["zero_std_streak"]
+    trainer._metrics.values.clear()
+    trainer._metrics.values.update({k: list(v) for k, v in state["metrics_window"].items()})
+    trainer._metrics.last_logged_step = state["metrics_last_logged_step"]
+    trainer.eval_watch.warned = state["hacking_alarm_warned"]
+    if "ref_model" in state and trainer.ref_model is not None:
+        trainer.ref_model.load_state_dict(state["ref_model"])

@@ -1,0 +1,138 @@
+"""Where a training rollout comes from: our sampler (one turn, or the tool loop) or TRL's
+`rollout_func`.
+
+`rollout_func(prompts, trainer)` follows TRL 1.16's contract: it gets the N = P * G prompts of
+this process's share of the rollout (each prompt repeated G times, as TRL's sampler repeats
+them) and returns a dict with `prompt_ids`, `completion_ids` and `logprobs` (N lists each),
+optionally `env_mask` (N lists aligned with `completion_ids`: 1 on tokens the model generated, 0
+on tokens the environment inserted, which stay out of the loss), and any other key, which
+reaches the reward functions as a column (a list of N values, or one value for all). Completions
+are decoded from `completion_ids` (`[{"role": "assistant", ...}]` for chat prompts). The
+returned `logprobs` are checked but not used: the trainer computes its own.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import torch
+
+from ...core.tensors import left_pad
+from ...rollout.noise import SamplingNoise
+from ...rollout.prompts import eos_token_ids, sample_groups
+from ...rollout.types import Rollout, RolloutBatch
+from . import overlap
+
+REQUIRED_KEYS = ("prompt_ids", "completion_ids", "logprobs")
+
+
+class RolloutSampler:
+    """Samples the rollouts of a `GRPOTrainer` (its args, tokenizer, tools and rollout_func)."""
+
+    def __init__(self, trainer: Any, tool_setup: Any, rollout_func: Any) -> None:
+        self.trainer, self.tool_setup, self.rollout_func = trainer, tool_setup, rollout_func
+
+    def sample(self, model, rows: list[dict[str, Any]], noise: SamplingNoise, on_step=None):
+        a, tokenizer = self.trainer.args, self.trainer.processing_class
+        if self.rollout_func is not None:
+            return rollout_from_func(self.rollout_func, rows, self.trainer, a.num_generations)
+        return sample_groups(
+            model,
+            tokenizer,
+            rows,
+            a.sampling_params(),
+            num_generations=a.num_generations,
+            max_prompt_length=a.max_prompt_length,
+            chat_template_kwargs=a.chat_template_kwargs,
+            share_prompt_prefix=a.share_prompt_prefix,
+            noise=noise,
+            tools=self.tool_setup,
+            on_step=on_step,
+        )
+
+    def sample_and_score(self, model, rows, noise, rewards) -> tuple[Rollout, dict[str, float]]:
+        """The scored rollout and its seconds (`generate_s`, `reward_s`; with `overlap_scoring`
+        also `reward_hidden_s`, the scoring done while later groups decoded: `overlap.py`)."""
+        if self.trainer.args.overlap_scoring:
+            sample = lambda on_step: self.sample(model, rows, noise, on_step)  # noqa: E731
+            group = self.trainer.args.num_generations
+            return overlap.sample_and_score(
+                sample, rewards, self.trainer.processing_class, rows, group
+            )
+        t0 = time.perf_counter()
+        rollout = self.sample(model, rows, noise)
+        t1 = time.perf_counter()
+        rewards.score(rollout)
+        return rollout, {"generate_s": t1 - t0, "reward_s": time.perf_counter() - t1}
+
+
+def _as_lists(output: dict[str, Any], key: str, n: int) -> list[list[int]]:
+    values = output[key]
+    if len(values) != n:
+        raise ValueError(
+            f"rollout_func returned {len(values)} {key} for {n} prompts; return one per prompt "
+            "(it gets each prompt repeated num_generations times)"
+        )
+    return [list(map(int, v)) if key != "logprobs" else list(v) for v in values]
+
+
+def rollout_from_func(fn, rows: list[dict[str, Any]], trainer: Any, group: int) -> Rollout:
+    """The `Rollout` of `fn(prompts, trainer)` on `rows` (see the module docstring)."""
+    repeated = [r for r in rows for _ in range(group)]
+    prompts = [r["prompt"] for r in repeated]
+    output = fn(copy.deepcopy(prompts), trainer)
+    if not isinstance(output, dict) or any(k not in output for k in REQUIRED_KEYS):
+        got = sorted(output) if isinstance(output, dict) else type(output).__name__
+        raise ValueError(f"rollout_func must return a dict with {list(REQUIRED_KEYS)}; got {got}")
+    n, tokenizer = len(prompts), trainer.processing_class
+    prompt_ids, completion_ids = (
+        _as_lists(output, "prompt_ids", n),
+        _as_lists(output, "completion_ids", n),
+    )
+    _as_lists(output, "logprobs", n)
+    env_mask = _as_lists(output, "env_mask", n) if "env_mask" in output else None
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    batch = _batch(prompt_ids, completion_ids, env_mask, tokenizer, eos_token_ids(model, tokenizer))
+    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+    completions = [
+        [{"role": "assistant", "content": t}] if isinstance(p, list) else t
+        for p, t in zip(prompts, texts)
+    ]
+    columns = {k: [r[k] for r in repeated] for k in rows[0] if k != "prompt"}
+    for key, values in output.items():
+        if key not in (*REQUIRED_KEYS, "env_mask"):
+            columns[key] = list(values) if isinstance(values, list) else [values] * n
+    return Rollout(rows, batch, prompts, completions, completion_ids, columns)
+
+
+def _batch(prompt_ids, completion_ids, env_mask, tokenizer, eos) -> RolloutBatch:
+    pad = eos[0] if tokenizer.pad_token_id is None else tokenizer.pad_token_id
+    p_ids, p_mask = left_pad(prompt_ids, pad)  # (N, Lp)
+    width = max(1, max(len(c) for c in completion_ids))
+    ids = torch.full((len(completion_ids), width), pad, dtype=torch.long)  # (N, Tc)
+    mask, sampled = torch.zeros_like(ids), torch.zeros_like(ids)
+    for r, c in enumerate(completion_ids):
+        ids[r, : len(c)] = torch.tensor(c, dtype=torch.long)
+        mask[r, : len(c)] = 1
+        if env_mask is not None:
+            if len(env_mask[r]) != len(c):
+                raise ValueError(
+                    f"rollout_func: env_mask[{r}] has {len(env_mask[r])} values for "
+                    f"{len(c)} completion tokens; give one 0/1 per token"
+                )
+            sampled[r, : len(c)] = torch.tensor(env_mask[r], dtype=torch.long)
+    # TRL's rule: a completion whose last token is not an eos (or pad) was cut off
+    truncated = torch.tensor([not c or c[-1] not in (*eos, pad) for c in completion_ids])
+    model_mask = sampled if env_mask is not None else mask
+    return RolloutBatch(
+        prompt_ids=p_ids,
+        prompt_mask=p_mask,
+        completion_ids=ids,
+        completion_mask=mask,
+        is_truncated=truncated,
+        num_prefill_tokens=int(p_mask.sum()),
+        num_generated_tokens=int(model_mask.sum()),
+        sampled_mask=sampled if env_mask is not None else None,
+    )

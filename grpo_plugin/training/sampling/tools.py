@@ -1,0 +1,133 @@
+"""TRL's `tools=`, `environment_factory=` and `rollout_func=`, checked before any model loads.
+
+`ToolInputs.check` resolves the tools (callables, the built-in `"python"`, or
+`"module:function"` / `"file.py:function"` names, as rewards are named), builds every schema
+and probes one instance of each environment, so a tool without type hints or docstring, a
+duplicate name or an environment without `reset` fails at once with one line. The chat
+template is checked against the tokenizer (`setup`) once it is loaded, before training starts.
+A `rollout_func` runs its own loop, so it is refused together with tools or environments; given
+the config, what the memory autopilot cannot plan for is refused too (`autopilot.check_inputs`),
+and so is what overlapped scoring cannot run on (`overlap.check_inputs`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...rollout.chat_tools import resolve_tool_format
+from ...rollout.environments import Environments
+from ...rollout.multiturn import ToolSetup
+from ...rollout.tools import Tool, toolbox
+from ..autopilot import check_inputs
+from ..evaluation.setup import load_callable
+from . import overlap
+
+
+def builtin_tools() -> dict[str, Callable[..., Any]]:
+    """Tools known by name: `python` (code in the `code_tests` sandbox)."""
+    from .python_tool import python
+
+    return {"python": python}
+
+
+def resolve_tool(spec: Any, base_dir: str | Path | None = None) -> Callable[..., Any]:
+    """A callable as it is; a built-in tool's name; or a 'module:function' / 'file.py:function'."""
+    if callable(spec):
+        return spec
+    builtins = builtin_tools()
+    if isinstance(spec, str) and spec in builtins:
+        return builtins[spec]
+    if isinstance(spec, str) and ":" not in spec:
+        raise ValueError(
+            f"tool {spec!r} is not a built-in tool ({', '.join(builtins)}) nor a "
+            "'module:function' path"
+        )
+    return load_callable(spec, "tool", base_dir)
+
+
+def resolve_tools(specs: Sequence[Any] | None, base_dir: str | Path | None = None) -> list[Tool]:
+    """Every entry as a `Tool` with its schema (ValueError naming the one that fails)."""
+    if specs is None:
+        return []
+    if isinstance(specs, (str, bytes)) or callable(specs):
+        raise ValueError("tools must be a list of tools, e.g. tools=[multiply]")
+    tools = [Tool.of(resolve_tool(spec, base_dir)) for spec in specs]
+    toolbox(tools)  # two tools with one name: refused now
+    return tools
+
+
+@dataclass
+class ToolInputs:
+    """The run's tools, environments and rollout function, resolved."""
+
+    tools: list[Tool]
+    environments: Environments | None
+    rollout_func: Callable[..., dict[str, Any]] | None
+
+    @classmethod
+    def check(
+        cls, tools: Any, rollout_func: Any, environment_factory: Any, args: Any = None
+    ) -> ToolInputs:
+        if rollout_func is not None and not callable(rollout_func):
+            raise ValueError("rollout_func must be a callable (prompts, trainer) -> dict")
+        if rollout_func is not None and (tools or environment_factory is not None):
+            raise ValueError(
+                "rollout_func runs its own generation loop, so tools= and environment_factory= "
+                "would not be used; call your tools inside rollout_func, or drop rollout_func"
+            )
+        resolved = resolve_tools(tools)
+        environments = None if environment_factory is None else Environments(environment_factory)
+        if environments is not None:
+            for instance in (pool[0] for pool in environments.pool.values()):
+                toolbox(resolved + environments.tools_of(instance))
+        inputs = cls(resolved, environments, rollout_func)
+        if args is not None:
+            check_inputs(args, inputs)  # what auto_find_batch_size cannot plan for
+            overlap.check_inputs(args, inputs)  # overlap_scoring: single-turn rollouts only
+        return inputs
+
+    def check_dataset(self, dataset: Any) -> None:
+        """Tools need chat prompts; with a dict of environments every row must name one
+        (map-style datasets: checked now, streamed ones at their first rollout)."""
+        if not self.uses_tools or dataset is None or not hasattr(dataset, "unique"):
+            return
+        if len(dataset) and not isinstance(dataset[0]["prompt"], list):
+            raise ValueError(
+                "tools need chat prompts (lists of {'role', 'content'} messages); the dataset's "
+                "prompts are plain text: wrap each as [{'role': 'user', 'content': prompt}]"
+            )
+        env = self.environments
+        if env is None or not env.by_column:
+            return
+        if "environment" not in dataset.column_names:
+            raise ValueError(
+                "environment_factory is a dict, so each row picks its environment by name: add "
+                f"an `environment` column with one of {sorted(map(str, env.factories))}"
+            )
+        env.names([{"environment": name} for name in dataset.unique("environment")])
+
+    @property
+    def uses_tools(self) -> bool:
+        return bool(self.tools) or self.environments is not None
+
+    def reward_functions(self) -> list[Callable[..., list[float | None]]]:
+        """The environments' `get_reward`s as rewards (TRL: named after the class, weight 1)."""
+        return [] if self.environments is None else self.environments.reward_functions()
+
+    def setup(self, tokenizer: Any, args: Any) -> ToolSetup | None:
+        """The multi-turn loop's setup for this tokenizer (None without tools): the chat template
+        is resolved and a call is rendered and read back now (ValueError with the fix)."""
+        if not self.uses_tools:
+            return None
+        return ToolSetup(
+            format=resolve_tool_format(tokenizer, args.tool_chat_template),
+            tools=self.tools,
+            environments=self.environments,
+            max_iterations=args.max_tool_calling_iterations,
+            timeout=args.tool_timeout,
+            max_result_chars=args.max_tool_result_length,
+            template_kwargs=getattr(args, "chat_template_kwargs", None),
+        )

@@ -1,0 +1,99 @@
+"""One run per output directory: a held lock refuses a second run, a killed holder frees it, a
+rerun must resume or overwrite, and overwriting deletes only what a run wrote."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from grpo_plugin.training.run import lock as run_lock
+
+# Another run's main process, as the lock file shows it (plain fcntl: no torch import, fast).
+HOLD = """
+import fcntl, json, os, socket, time
+os.makedirs({out!r}, exist_ok=True)
+fd = os.open(os.path.join({out!r}, {name!r}), os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+os.write(fd, json.dumps({{"pid": os.getpid(), "host": socket.gethostname(), "started": "now"}}).encode())
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def _holder(out):
+    script = HOLD.format(out=str(out), name=run_lock.LOCK_FILE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_held_directory_is_refused_and_a_killed_holder_frees_it(tmp_path):
+    out = tmp_path / "run"
+    proc = _holder(out)
+    try:
+        with pytest.raises(
+            run_lock.OutputDirInUse, match=rf"in use by another run \(pid {proc.pid} on"
+        ):
+            run_lock.claim(out, resume=False, overwrite=False)
+        with pytest.raises(run_lock.OutputDirInUse):
+            run_lock.check_not_in_use(out)
+    finally:
+        proc.send_signal(signal.SIGKILL)  # kill -9: flock is released by the kernel
+        proc.wait()
+    lock = run_lock.claim(out, resume=False, overwrite=False)
+    assert lock.fd is not None
+    run_lock.release(out)
+    assert not (out / run_lock.LOCK_FILE).exists()  # removed once released
+
+
+def test_the_lock_is_reentrant_within_a_process(tmp_path):
+    first = run_lock.claim(tmp_path, resume=False, overwrite=False)
+    assert run_lock.claim(tmp_path, resume=False, overwrite=False) is first
+    run_lock.release(tmp_path)
+    assert run_lock.is_claimed(tmp_path)  # one claim is still open
+    with pytest.raises(run_lock.OutputDirInUse):  # another descriptor: another "run"
+        run_lock.RunLock(tmp_path).acquire()
+    run_lock.release(tmp_path)
+    assert not run_lock.is_claimed(tmp_path)
+
+
+def _old_run(out):
+    (out / "completions").mkdir(parents=True)
+    (out / "completions" / "step_00000.parquet").write_bytes(b"x")
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    (out / "checkpoint-2").mkdir()
+    (out / "README.md").write_text("model card")
+    (out / "adapter_model.safetensors").write_bytes(b"w")
+    (out / "my_notes.txt").write_text("not the run's")
+
+
+def test_a_rerun_is_refused_unless_it_resumes_or_overwrites(tmp_path):
+    _old_run(tmp_path)
+    with pytest.raises(ValueError, match="already holds a run .*--resume_from_checkpoint true"):
+        run_lock.claim(tmp_path, resume=False, overwrite=False)
+    assert not run_lock.is_claimed(tmp_path)  # a refused claim keeps no lock
+    run_lock.claim(tmp_path, resume=True, overwrite=False)
+    run_lock.release(tmp_path)
+    assert (tmp_path / "metrics.jsonl").exists()  # resuming deletes nothing
+
+
+def test_overwrite_deletes_only_what_a_run_writes(tmp_path):
+    _old_run(tmp_path)
+    run_lock.claim(tmp_path, resume=False, overwrite=True)
+    run_lock.release(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["my_notes.txt"]
+
+
+def test_overwrite_leaves_a_directory_without_a_run_alone(tmp_path):
+    (tmp_path / "README.md").write_text("a user's own readme")  # no run markers beside it
+    run_lock.claim(tmp_path, resume=False, overwrite=True)
+    run_lock.release(tmp_path)
+    assert (tmp_path / "README.md").read_text() == "a user's own readme"
