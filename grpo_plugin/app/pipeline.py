@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import yaml
@@ -58,7 +59,7 @@ def _eval_reward(recipe: Recipe, rewards: list[Callable]) -> Callable:
     return resolve_rewards(recipe, reward_specs([spec]))[0]
 
 
-def _evaluate(trainer, dataset, reward_fn: Callable, recipe: Recipe) -> dict[str, Any]:
+def _evaluate(trainer, dataset, reward_fn: Callable, recipe: Recipe, label: str) -> dict[str, Any]:
     from ..training.evaluation.engine import evaluate
 
     spec = {k: v for k, v in (recipe.args.eval or {}).items() if k not in ("reward", "before")}
@@ -71,7 +72,12 @@ def _evaluate(trainer, dataset, reward_fn: Callable, recipe: Recipe) -> dict[str
     model = trainer.accelerator.unwrap_model(trainer.model)
     spec["accelerator"] = trainer.accelerator  # sharded over the processes, then gathered
     spec["tools"] = trainer.tool_setup  # the tools are available before and after alike
-    result = evaluate(model, trainer.processing_class, dataset, reward_fn, **spec)
+    spec["share_prompt_prefix"] = recipe.config.share_prompt_prefix
+    spec["checks"] = trainer.rewards.checks  # reward_timeout and the non-finite checks hold here
+    total = len(dataset) if trainer.accelerator.num_processes == 1 else None
+    with trainer.evaluation_progress(label, total) as advance:
+        spec["progress"] = advance
+        result = evaluate(model, trainer.processing_class, dataset, reward_fn, **spec)
     keep = ("accuracy", "n", "tool_call_rate", "tool_calls")
     keep += tuple(k for k in result if k.startswith("pass@"))
     return {k: result[k] for k in keep if k in result}
@@ -192,7 +198,7 @@ def _before(trainer, recipe: Recipe, data: RecipeData, eval_fn: Callable, out: P
         previous = (rundir.read_json(out / rundir.EVAL_FILE) or {}).get("before")
         if previous is not None:
             return previous
-    before = _evaluate(trainer, data.held_out, eval_fn, recipe)
+    before = _evaluate(trainer, data.held_out, eval_fn, recipe, "eval before training")
     if trainer.is_world_process_zero():
         logger.info("Before training: held-out greedy accuracy %s", _pct(before["accuracy"]))
         rundir.write_json(out / rundir.EVAL_FILE, {"before": before})
@@ -219,7 +225,7 @@ def _run(recipe: Recipe, rewards: list[Callable], data: RecipeData, out: Path) -
     evaluation["train_seconds"] = round(time.perf_counter() - t0, 1)
     trainer.save_model(str(out))
     if held_out is not None:
-        evaluation["after"] = _evaluate(trainer, held_out, eval_fn, recipe)
+        evaluation["after"] = _evaluate(trainer, held_out, eval_fn, recipe, "eval after training")
     evaluation.update(training_evaluations(trainer, evaluation))
     if trainer.is_world_process_zero():  # one writer (several processes run this function)
         rundir.write_json(out / rundir.EVAL_FILE, evaluation)
@@ -243,6 +249,17 @@ def _base_of_adapter(adapter: str) -> str:
     raise RecipeError(
         f"{adapter} has no {rundir.RUN_INFO_FILE} or adapter_config.json; pass --model"
     )
+
+
+def _default_checks():
+    """GRPOConfig's default reward checks (reward_timeout, nan_rewards_as_unscored)."""
+    import dataclasses
+
+    from ..training.config.grpo_config import GRPOConfig
+    from ..training.rewards.scoring import RewardChecks
+
+    defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    return RewardChecks.from_args(SimpleNamespace(**defaults))
 
 
 def evaluate_model(
@@ -291,6 +308,7 @@ def evaluate_model(
     except ValueError as err:
         raise RecipeError(one_line(err)) from err
     options = {"k": k, "max_new_tokens": max_new_tokens, "batch_size": batch_size}
+    options["checks"] = _default_checks()  # as in a training run
     scores = evaluate(policy, tokenizer, data, reward_fn, tools=setup, **options)
     run = {"model": model_name, "adapter": adapter, "dataset": dataset_label(spec)}
     return {**run, "reward": reward, "tools": list(tools or []), **scores}

@@ -1,12 +1,16 @@
 """Trainer callbacks: one rich progress bar and `metrics.jsonl`; TR-DPO reference syncing.
 
 The Trainer's own tqdm bar and its dict-printing callback are replaced by `RichProgressCallback`,
-which shows step, reward, KL and seconds per step on a single line.
+which shows step, reward, KL and seconds per step on a single line, and a second line with the
+prompts evaluated while a held-out set is evaluated (during training, and before and after it in
+the recipe pipeline).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from transformers import TrainerCallback
 
@@ -44,16 +48,15 @@ class RichProgressCallback(TrainerCallback):
         )
 
         self.progress = Progress(
-            TextColumn("[bold]GRPO"),
+            TextColumn("[bold]{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("reward {task.fields[reward]}  kl {task.fields[kl]}"),
-            TextColumn("{task.fields[sps]} s/step"),
+            TextColumn("{task.fields[status]}"),
             TimeElapsedColumn(),
             console=Console(stderr=True),
         )
         self.progress.start()
-        self.task = self.progress.add_task("train", total=state.max_steps, **self._fields)
+        self.task = self.progress.add_task("GRPO", total=state.max_steps, status=self._status())
         self.progress.update(self.task, completed=state.global_step)
         self._last = time.perf_counter()
 
@@ -63,7 +66,7 @@ class RichProgressCallback(TrainerCallback):
         now = time.perf_counter()
         self._fields["sps"] = f"{now - self._last:.1f}"
         self._last = now
-        self.progress.update(self.task, completed=state.global_step, **self._fields)
+        self.progress.update(self.task, completed=state.global_step, status=self._status())
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.progress is None or not logs:
@@ -71,7 +74,32 @@ class RichProgressCallback(TrainerCallback):
         for key, fmt in (("reward", "{:.3f}"), ("kl", "{:.4f}")):
             if logs.get(key) is not None:
                 self._fields[key] = fmt.format(logs[key])
-        self.progress.update(self.task, **self._fields)
+        self.progress.update(self.task, status=self._status())
+
+    def _status(self) -> str:
+        f = self._fields
+        return f"reward {f['reward']}  kl {f['kl']}  {f['sps']} s/step"
+
+    @contextmanager
+    def evaluation(self, label: str, total: int | None) -> Iterator[Callable[[int], None]]:
+        """A line "label n/total" while a held-out set is evaluated; yields `advance(prompts)`.
+        On the training bar while it is live (evaluation during training), else on its own."""
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        own = None
+        if self.progress is None:
+            columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn())
+            own = Progress(*columns, console=Console(stderr=True), transient=True)
+            own.start()
+        bar = own or self.progress
+        task = bar.add_task(label, total=total, status="")
+        try:
+            yield lambda n: bar.advance(task, n)
+        finally:
+            bar.remove_task(task)
+            if own is not None:
+                own.stop()
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.progress is not None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
+import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +22,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from .._compat import moe_router_config, unwrap_peft
 from ..models import resolve_model_path
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from peft import LoraConfig
@@ -119,7 +123,11 @@ def trainer_init_kwargs(model: Any, args: Any, quantization_config: Any = None) 
 
 def load_model(name: str, init_kwargs: dict[str, Any] | None = None) -> PreTrainedModel:
     """`AutoModelForCausalLM.from_pretrained` on a path, Hub id or `embedded:` name."""
-    return AutoModelForCausalLM.from_pretrained(resolve_model_path(name), **(init_kwargs or {}))
+    logger.info("Loading model %s ...", name)  # seconds to minutes (a first embedded conversion)
+    start = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(name), **(init_kwargs or {}))
+    logger.info("Loaded %s in %.1f s", name, time.perf_counter() - start)
+    return model
 
 
 def load_adapter(model: PreTrainedModel, adapter_dir: str | Path) -> PreTrainedModel:

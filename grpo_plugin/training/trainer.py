@@ -21,6 +21,7 @@ and the sample.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections.abc import Callable, Sequence
@@ -376,6 +377,14 @@ class GRPOTrainer(Trainer):
         from .evaluation.during_training import evaluate_trainer
 
         return evaluate_trainer(self, eval_dataset, metric_key_prefix)
+
+    def evaluation_progress(self, label: str, total: int | None):
+        """A context yielding `advance(prompts)` that moves an evaluation line on the rich
+        progress bar (on the main process with progress bars on), else a no-op."""
+        bars = [c for c in self.callback_handler.callbacks if isinstance(c, RichProgressCallback)]
+        if not bars or not self.is_world_process_zero():
+            return contextlib.nullcontext(lambda n: None)
+        return bars[0].evaluation(label, total)
 
     # --- the run: resume, signals, atomic checkpoints (lifecycle.py) ----------------------------
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs):

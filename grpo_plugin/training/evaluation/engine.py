@@ -1,34 +1,45 @@
-"""Held-out evaluation: greedy accuracy and unbiased pass@k under a verifiable reward.
+"""The one evaluation engine: greedy accuracy, unbiased pass@k and the scored completions of a
+held-out set. Evaluation during training (`during_training.py`), the recipe's before/after
+evaluation and `grpo-plugin eval` (`evaluate` below) all run it.
 
-Generation goes through the same prefix-shared sampler as training (`rollout.generation`):
-greedy is temperature 0, and the k samples of pass@k share one prefill per prompt.
+Per chunk of prompts (`batch_size // num_samples` of them, `batch_size` when greedy only):
+1. greedy decoding, one completion per prompt, scored by the first reward function alone when
+   there is a sampled pass (by every function otherwise): a prompt is solved when that reward
+   is `>= success_threshold`;
+2. with `num_samples` > 0, that many completions per prompt sampled with `settings.sampling`,
+   scored by every function: pass@k counts the first function's solved samples;
+3. `chunk_stats` (a hook; the trainer adds its loss there) on the scored completions.
+
+Every reward call goes through the run's `RewardScorer` (`rewards/scoring.py`), so
+`reward_timeout` and the non-finite checks hold here as in training. Generation is the
+training sampler (`rollout.prompts.sample_groups`, prefix-shared), in eval mode, without grad.
+
+Randomness: samples are keyed on (`seed`, the prompt's index in the whole set) (`rollout/noise.py`),
+so results depend neither on the batch size nor on sharding, and the global RNG is not touched.
+With several processes each evaluates a contiguous share of a map-style set and the totals are
+gathered in process order: every number equals one process evaluating the whole set.
 
 `pass_at_k` is the unbiased estimator of Chen et al. 2021 ("Evaluating Large Language Models
 Trained on Code", https://arxiv.org/abs/2107.03374, eq. 1), in its numerically stable product form:
     pass@k = 1 - C(n-c, k) / C(n, k) = 1 - prod_{i=n-c+1}^{n} (1 - k / i)
 for n samples of which c are correct.
-
-Reward functions follow TRL's contract, `fn(prompts=, completions=, completion_ids=, **columns)
--> list[float | None]`: completions are strings for string prompts and
-`[{"role": "assistant", "content": text}]` for chat prompts; every other dataset column is
-passed by name. A `None` reward counts as wrong. A completion is correct when its reward is
-`>= success_threshold`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from datasets import Dataset
 
 from ...rollout.noise import KeyedNoise
 from ...rollout.prompts import sample_groups
-from ...rollout.types import SamplingParams
-from ..rewards.scoring import score_rollout
+from ...rollout.types import Rollout, SamplingParams
+from ..distributed import contiguous_share, failures_shared, full_parameters, gather_objects
+from ..policy import eval_mode
+from ..rewards.scoring import RewardChecks, RewardScorer
 
 RewardFn = Callable[..., list[float | None]]
 
@@ -43,108 +54,231 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
-def _is_correct(reward: float, threshold: float) -> bool:
-    return not math.isnan(reward) and reward >= threshold
+@dataclass(frozen=True)
+class EvalSettings:
+    """How a held-out set is evaluated (the same for every process and every evaluation)."""
+
+    sampling: SamplingParams  # the sampled pass; its max_new_tokens also bounds greedy decoding
+    num_samples: int = 0  # completions sampled per prompt (0: greedy only)
+    pass_k: int | None = None  # k of pass@k (<= num_samples); None: num_samples
+    batch_size: int = 32  # sequences generated at once
+    success_threshold: float = 1.0  # a completion is correct when its first reward is >= this
+    seed: int = 0  # keys the samples, with each prompt's index in the set
+    max_prompt_length: int | None = None  # prompts are encoded as in training
+    chat_template_kwargs: dict[str, Any] | None = None
+    share_prompt_prefix: bool = True  # one prefill per prompt for its samples
+
+    @property
+    def prompts_per_chunk(self) -> int:
+        return max(1, self.batch_size // max(1, self.num_samples))
+
+    @property
+    def greedy(self) -> SamplingParams:
+        return SamplingParams(max_new_tokens=self.sampling.max_new_tokens, temperature=0.0)
 
 
 @dataclass(frozen=True)
-class _Scorer:
-    """What scoring a held-out set needs, fixed for one `evaluate` call."""
+class EvalTarget:
+    """What is evaluated: the policy, its tokenizer and the tools its completions may call."""
 
     model: Any
     tokenizer: Any
-    reward_fn: RewardFn
-    max_new_tokens: int
-    temperature: float
-    num_samples: int | None  # completions sampled per prompt for pass@k; None: greedy only
-    batch_size: int  # sequences generated at once
-    seed: int = 0
-    max_prompt_length: int | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-    tools: Any = None  # a rollout.multiturn.ToolSetup: the completions may call tools
+    tools: Any = None  # a rollout.multiturn.ToolSetup, or None
 
-    def batches(self, dataset: Dataset, sampling: SamplingParams, num_return: int, offset: int):
-        """Per prompt, the rewards (NaN = not scored) of its `num_return` completions, and each
-        completion's tool calls (empty without tools). Samples are keyed on (seed, the prompt's
-        index in the whole set = `offset` + its index here)."""
-        prompts_per_batch = max(1, self.batch_size // num_return)
-        per_prompt: list[list[float]] = []
-        calls: list[int] = []
-        for start in range(0, len(dataset), prompts_per_batch):
-            stop = min(start + prompts_per_batch, len(dataset))
-            rows = [dataset[i] for i in range(start, stop)]
-            noise = None
-            if not sampling.greedy:
-                indices = range(offset + start, offset + stop)
-                noise = KeyedNoise.for_evaluation(
-                    self.seed, indices, num_return, self.max_new_tokens
-                )
-            rollout = sample_groups(
-                self.model,
-                self.tokenizer,
-                rows,
-                sampling,
-                num_generations=num_return,
-                max_prompt_length=self.max_prompt_length,
-                chat_template_kwargs=self.chat_template_kwargs,
-                noise=noise,
-                tools=self.tools,
+
+@dataclass
+class EvalTotals:
+    """One set's results, accumulated over chunks (and merged over processes)."""
+
+    correct: list[bool] = field(default_factory=list)  # (P,) greedy verdicts
+    greedy_first: list[float] = field(default_factory=list)  # (P,) first reward, NaN unscored
+    greedy_tool_calls: list[int] = field(default_factory=list)  # (P,), with tools
+    pass_at_k: list[float] = field(default_factory=list)  # (P,) with a sampled pass
+    rewards: list[torch.Tensor] = field(default_factory=list)  # chunks of (n,) scored
+    per_func: list[torch.Tensor] = field(default_factory=list)  # chunks of (n, F)
+    lengths: list[torch.Tensor] = field(default_factory=list)  # chunks of (n,)
+    truncated: list[torch.Tensor] = field(default_factory=list)  # chunks of (n,) bool
+    tool_calls: list[torch.Tensor] = field(default_factory=list)  # chunks of (n,), with tools
+    chunk_stats: dict[str, list[float]] = field(default_factory=dict)  # per chunk (hook)
+    logged: dict[str, list[float]] = field(default_factory=dict)  # rewards' log_metric values
+    greedy_inputs: dict[str, list] = field(default_factory=dict)  # prompts, completions, ...
+    chunks: int = 0
+    rows_seen: int = 0
+    num_tokens: int = 0  # prompt + completion tokens of every completion generated
+
+    def add_greedy(self, rollout: Rollout, threshold: float) -> None:
+        first = rollout.per_func[:, 0]  # (P,)
+        self.correct += (~first.isnan() & (first >= threshold)).tolist()
+        self.greedy_first += first.tolist()
+        if rollout.batch.tool_calls is not None:
+            self.greedy_tool_calls += rollout.batch.tool_calls.tolist()
+        inputs = {
+            "prompts": rollout.prompts,
+            "completions": rollout.completions,
+            "completion_ids": rollout.completion_ids,
+            **rollout.columns,
+        }
+        for key, values in inputs.items():
+            self.greedy_inputs.setdefault(key, []).extend(values)
+
+    def add_scored(self, rollout: Rollout) -> None:
+        b = rollout.batch
+        self.rewards.append(rollout.rewards)
+        self.per_func.append(rollout.per_func)
+        self.lengths.append(b.model_mask.sum(dim=1).float().cpu())
+        self.truncated.append(b.is_truncated.cpu())
+        if b.tool_calls is not None:
+            self.tool_calls.append(b.tool_calls.cpu())
+
+    def add_pass_at_k(self, rollout: Rollout, n: int, k: int, threshold: float) -> None:
+        first = rollout.per_func[:, 0].view(-1, n)  # (P, n)
+        solved = (~first.isnan() & (first >= threshold)).sum(dim=1)  # (P,)
+        self.pass_at_k += [pass_at_k(n, int(c), k) for c in solved]
+
+    def count_tokens(self, rollout: Rollout) -> None:
+        b = rollout.batch
+        self.num_tokens += int(b.prompt_mask.sum()) + int(b.completion_mask.sum())
+
+    def add_stats(self, stats: dict[str, float]) -> None:
+        for key, value in stats.items():
+            self.chunk_stats.setdefault(key, []).append(value)
+
+    def merge(self, other: EvalTotals) -> None:
+        """Append another process's totals (called in process order)."""
+        for name in ("correct", "greedy_first", "greedy_tool_calls", "pass_at_k"):
+            getattr(self, name).extend(getattr(other, name))
+        for name in ("rewards", "per_func", "lengths", "truncated", "tool_calls"):
+            getattr(self, name).extend(getattr(other, name))
+        for name in ("chunk_stats", "logged", "greedy_inputs"):
+            mine = getattr(self, name)
+            for key, values in getattr(other, name).items():
+                mine.setdefault(key, []).extend(values)
+        self.chunks += other.chunks
+        self.rows_seen += other.rows_seen
+        self.num_tokens += other.num_tokens
+
+
+def _chunks(dataset: Any, size: int) -> Iterator[list[dict[str, Any]]]:
+    """Rows in lists of `size` (works for Dataset and IterableDataset alike)."""
+    rows: list[dict[str, Any]] = []
+    for row in dataset:
+        if "prompt" not in row:
+            raise ValueError(f"an eval dataset row has no 'prompt' (keys: {sorted(row)})")
+        rows.append(row)
+        if len(rows) == size:
+            yield rows
+            rows = []
+    if rows:
+        yield rows
+
+
+class EvalEngine:
+    """Evaluates one target on held-out sets. Subclasses add per-chunk statistics
+    (`chunk_stats`) and per-process values gathered with the totals (`finish_local`)."""
+
+    def __init__(self, target: EvalTarget, settings: EvalSettings, scorer: RewardScorer) -> None:
+        self.target, self.settings, self.scorer = target, settings, scorer
+        self.progress: Callable[[int], None] | None = None  # called with prompts done per chunk
+
+    def chunk_stats(self, scored: Rollout) -> dict[str, float]:
+        """Extra statistics of one chunk's scored completions (none here)."""
+        return {}
+
+    def finish_local(self, totals: EvalTotals) -> None:
+        """Called on each process after its share, before the totals are gathered."""
+
+    def run(self, dataset: Any, accelerator: Any = None) -> EvalTotals:
+        """The totals of `dataset` (see the module docstring for sharding)."""
+        sharded = (
+            accelerator is not None and accelerator.num_processes > 1 and hasattr(dataset, "select")
+        )
+        offset = 0
+        if sharded:
+            world, rank = accelerator.num_processes, accelerator.process_index
+            offset, stop = contiguous_share(len(dataset), world, rank)
+            dataset = dataset.select(range(offset, stop))
+        if accelerator is None:
+            return self._run_local(dataset, offset)
+        with full_parameters(accelerator, self.target.model), failures_shared(accelerator):
+            totals = self._run_local(dataset, offset)  # a reward raising stops every process
+        if sharded:
+            parts, totals = gather_objects(accelerator, totals), EvalTotals()
+            for part in parts:
+                totals.merge(part)
+        return totals
+
+    def _run_local(self, dataset: Any, offset: int) -> EvalTotals:
+        """`offset`: the index of `dataset`'s first row in the whole set."""
+        s, totals = self.settings, EvalTotals()
+        with eval_mode(self.target.model), torch.no_grad():
+            for rows in _chunks(dataset, s.prompts_per_chunk):
+                self._run_chunk(rows, offset + totals.rows_seen, totals)
+                if self.progress is not None:
+                    self.progress(len(rows))
+        self.finish_local(totals)
+        return totals
+
+    def _run_chunk(self, rows: list[dict[str, Any]], first: int, totals: EvalTotals) -> None:
+        s = self.settings
+        greedy = self._sample(rows, s.greedy, 1, first)
+        if s.num_samples:
+            self.scorer.first().score(greedy)
+            scored = self.scorer.score(self._sample(rows, s.sampling, s.num_samples, first))
+            totals.add_pass_at_k(
+                scored, s.num_samples, s.pass_k or s.num_samples, s.success_threshold
             )
-            rewards = score_rollout(rollout, [self.reward_fn], torch.ones(1)).rewards
-            per_prompt += rewards.view(len(rows), num_return).tolist()
-            if rollout.batch.tool_calls is not None:
-                calls += rollout.batch.tool_calls.tolist()
-        return per_prompt, calls
+            totals.count_tokens(scored)
+        else:
+            scored = self.scorer.score(greedy)
+        totals.add_greedy(greedy, s.success_threshold)
+        totals.count_tokens(greedy)
+        totals.add_scored(scored)
+        totals.add_stats(self.chunk_stats(scored))
+        totals.chunks += 1
+        totals.rows_seen += len(rows)
 
-    def score(self, dataset: Dataset, offset: int = 0):
-        """Per prompt: the greedy reward, the rewards of the samples (None: greedy only), and the
-        greedy completions' tool calls."""
-        greedy_params = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=0.0)
-        greedy, calls = self.batches(dataset, greedy_params, 1, offset)
-        greedy = [r[0] for r in greedy]
-        if not self.num_samples:
-            return greedy, None, calls
-        sampled = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature)
-        return greedy, self.batches(dataset, sampled, self.num_samples, offset)[0], calls
+    def _sample(self, rows, sampling: SamplingParams, group: int, first: int) -> Rollout:
+        s = self.settings
+        noise = None
+        if not sampling.greedy:
+            indices = range(first, first + len(rows))
+            noise = KeyedNoise.for_evaluation(s.seed, indices, group, sampling.max_new_tokens)
+        return sample_groups(
+            self.target.model,
+            self.target.tokenizer,
+            rows,
+            sampling,
+            num_generations=group,
+            max_prompt_length=s.max_prompt_length,
+            chat_template_kwargs=s.chat_template_kwargs,
+            share_prompt_prefix=s.share_prompt_prefix,
+            noise=noise,
+            tools=self.target.tools,
+        )
 
 
-def _summarize(rewards, sampled, *, k, num_samples, success_threshold) -> dict[str, float | int]:
+def _summary(totals: EvalTotals, settings: EvalSettings) -> dict[str, float | int]:
+    n = len(totals.correct)
     result: dict[str, float | int] = {
-        "n": len(rewards),
-        "accuracy": sum(_is_correct(r, success_threshold) for r in rewards) / len(rewards),
-        "mean_reward": sum(r for r in rewards if not math.isnan(r)) / len(rewards),
+        "n": n,
+        "accuracy": sum(totals.correct) / n,
+        "mean_reward": sum(r for r in totals.greedy_first if not math.isnan(r)) / n,
     }
-    if sampled is not None:
-        correct = [sum(_is_correct(r, success_threshold) for r in row) for row in sampled]
-        scores = [pass_at_k(num_samples, c, k) for c in correct]
-        result.update({f"pass@{k}": sum(scores) / len(scores), "k": k, "num_samples": num_samples})
+    if settings.num_samples:
+        k = settings.pass_k or settings.num_samples
+        score = sum(totals.pass_at_k) / len(totals.pass_at_k)
+        result.update({f"pass@{k}": score, "k": k, "num_samples": settings.num_samples})
+    calls = totals.greedy_tool_calls
+    if calls:
+        result["tool_call_rate"] = sum(c > 0 for c in calls) / len(calls)
+        result["tool_calls"] = sum(calls) / len(calls)
     return result
-
-
-def _score_sharded(accelerator, scorer: _Scorer, dataset: Dataset):
-    """Each process scores its contiguous shard of the prompts; the per-prompt results of all
-    processes are gathered in dataset order (the same on every process). A reward that raises on
-    one process stops every process with its error (no collective inside the local phase)."""
-    from ..distributed import contiguous_share, failures_shared, full_parameters, gather_objects
-
-    start, stop = contiguous_share(
-        len(dataset), accelerator.num_processes, accelerator.process_index
-    )
-    shard = dataset.select(range(start, stop))
-    local = None
-    with full_parameters(accelerator, scorer.model), failures_shared(accelerator):
-        if len(shard):
-            local = scorer.score(shard, offset=start)
-    parts = [part for part in gather_objects(accelerator, local) if part is not None]
-    rewards = [r for greedy, _, _ in parts for r in greedy]
-    sampled = None if not scorer.num_samples else [row for _, rows, _ in parts for row in rows]
-    return rewards, sampled, [c for _, _, calls in parts for c in calls]
 
 
 def evaluate(
     model,
     tokenizer,
-    dataset: Dataset,
+    dataset: Any,
     reward_fn: RewardFn,
     *,
     k: int | None = 8,
@@ -157,25 +291,24 @@ def evaluate(
     accelerator=None,
     max_prompt_length: int | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
+    share_prompt_prefix: bool = True,
     tools: Any = None,
+    checks: RewardChecks | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> dict[str, float | int]:
-    """Greedy accuracy and pass@k of `model` on `dataset` (needs a `prompt` column).
-
-    With `tools` (a `rollout.multiturn.ToolSetup`) every completion may call them (greedy and
-    sampled alike), and the result adds the greedy completions' `tool_call_rate` (share with at
-    least one call) and `tool_calls` (calls per completion).
+    """Greedy accuracy and pass@k of `model` on `dataset` (needs a `prompt` column), scored by
+    `reward_fn` under `checks` (the run's `reward_timeout` and non-finite checks; default: no
+    time limit, NaN is an error).
 
     Returns `{"n", "accuracy", "mean_reward", "pass@k", "k", "num_samples"}` (the last three only
     when k is a positive int). pass@k uses `num_samples` (default k, must be >= k) samples per
-    prompt at `temperature`, drawn from draws keyed on (`seed`, the prompt's index in `dataset`),
-    so they do not depend on `batch_size` or on sharding (the global RNG is not touched);
-    `batch_size` bounds the number of sequences generated at once. Prompts are encoded as in
-    training (`max_prompt_length`, `chat_template_kwargs`). The model's train/eval mode is left as
-    it was.
-
-    With an `accelerator` of several processes (every process calls this), each process scores
-    a contiguous share of the prompts and the results are gathered: every number equals the
-    one-process result (greedy decoding does not depend on the shard; the samples are keyed).
+    prompt at `temperature`, keyed on (`seed`, the prompt's index in `dataset`); `batch_size`
+    bounds the sequences generated at once. With `tools` (a `rollout.multiturn.ToolSetup`) every
+    completion may call them, and the result adds the greedy completions' `tool_call_rate` (share
+    with at least one call) and `tool_calls` (calls per completion). With an `accelerator` of
+    several processes (every process calls this) the prompts are sharded and the results
+    gathered: every number equals the one-process result. `progress` is called with the number of
+    prompts done after each chunk. The model's train/eval mode is left as it was.
     """
     if "prompt" not in dataset.column_names:
         raise ValueError(
@@ -186,32 +319,19 @@ def evaluate(
     num_samples = num_samples or k
     if k and num_samples < k:
         raise ValueError(f"num_samples={num_samples} must be >= k={k} for pass@k")
-    scorer = _Scorer(
-        model,
-        tokenizer,
-        reward_fn,
-        max_new_tokens,
-        temperature,
-        num_samples if k else None,
-        batch_size,
-        seed,
-        max_prompt_length,
-        chat_template_kwargs,
-        tools,
+    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
+    settings = EvalSettings(
+        sampling,
+        num_samples=num_samples if k else 0,
+        pass_k=k or None,
+        batch_size=batch_size,
+        success_threshold=success_threshold,
+        seed=seed,
+        max_prompt_length=max_prompt_length,
+        chat_template_kwargs=chat_template_kwargs,
+        share_prompt_prefix=share_prompt_prefix,
     )
-    was_training = model.training
-    model.eval()
-    try:
-        if accelerator is not None and accelerator.num_processes > 1:
-            rewards, sampled, calls = _score_sharded(accelerator, scorer, dataset)
-        else:
-            rewards, sampled, calls = scorer.score(dataset)
-    finally:
-        model.train(was_training)
-    result = _summarize(
-        rewards, sampled, k=k, num_samples=num_samples, success_threshold=success_threshold
-    )
-    if tools is not None and calls:
-        result["tool_call_rate"] = sum(c > 0 for c in calls) / len(calls)
-        result["tool_calls"] = sum(calls) / len(calls)
-    return result
+    scorer = RewardScorer((reward_fn,), torch.ones(1), checks or RewardChecks())
+    engine = EvalEngine(EvalTarget(model, tokenizer, tools), settings, scorer)
+    engine.progress = progress
+    return _summary(engine.run(dataset, accelerator), settings)

@@ -10,6 +10,11 @@ would zero its group or turn every weight into NaN. Lists, tuples, tensors and n
 floats, ints, bools or numpy scalars are accepted. A call that runs past `RewardChecks.timeout`
 seconds is an error naming the function (`watchdog.py`). `async def` rewards run concurrently
 with each other.
+
+`RewardScorer` is the one way the package calls reward functions: training, overlapped scoring,
+evaluation during training, the recipe's before/after evaluation and `grpo-plugin eval` all score
+through it, so the run's checks (`reward_timeout`, non-finite values, names in errors) hold
+everywhere. It has no default checks: whoever builds one says which apply.
 """
 
 from __future__ import annotations
@@ -42,6 +47,11 @@ class RewardChecks:
 
     timeout: float | None = None  # seconds per call; None: no limit
     nan_as_unscored: bool = False  # NaN means "not scored" (like None) instead of an error
+
+    @classmethod
+    def from_args(cls, args: Any) -> RewardChecks:
+        """The checks a `GRPOConfig` asks for."""
+        return cls(args.reward_timeout, args.nan_rewards_as_unscored)
 
 
 def _timed_out(fn: Callable, err: CallTimeout) -> RewardFunctionError:
@@ -141,13 +151,13 @@ def _to_column(fn: Callable, values: Any, n: int, checks: RewardChecks) -> list[
     return [_check_value(name, v, i, checks) for i, v in enumerate(values)]
 
 
-def score_completions(
+def _score_completions(
     reward_funcs: Sequence[Callable],
     prompts: list[Any],
     completions: list[Any],
     completion_ids: list[list[int]],
     columns: dict[str, list[Any]],
-    checks: RewardChecks = RewardChecks(),
+    checks: RewardChecks,
 ) -> torch.Tensor:
     """Return per-function rewards, shape (N, F), NaN where a function did not score."""
     n = len(completions)
@@ -187,19 +197,34 @@ def combine_rewards(per_func: torch.Tensor, weights: torch.Tensor) -> torch.Tens
     return torch.where(scored.any(dim=1), total, torch.nan)
 
 
-def score_rollout(
-    rollout: Rollout,
-    reward_funcs: Sequence[Callable],
-    weights: torch.Tensor,
-    checks: RewardChecks = RewardChecks(),
-) -> Rollout:
-    """Fill `rollout.per_func` `(N, F)` and `rollout.rewards` `(N,)` (in place; returned too).
-    With environments (`environment_factory`) every function also gets `environments` (N,), as
-    in TRL."""
-    r = rollout
-    columns = r.columns if r.environments is None else {**r.columns, "environments": r.environments}
-    r.per_func = score_completions(
-        reward_funcs, r.prompts, r.completions, r.completion_ids, columns, checks
-    )
-    rollout.rewards = combine_rewards(rollout.per_func, weights)
-    return rollout
+@dataclass(frozen=True)
+class RewardScorer:
+    """Reward functions, their weights and the checks their answers get: the one scorer."""
+
+    funcs: tuple[Callable, ...]
+    weights: torch.Tensor  # (F,)
+    checks: RewardChecks
+
+    def first(self) -> RewardScorer:
+        """The first function alone, weight 1 (held-out accuracy is read from it)."""
+        return RewardScorer(self.funcs[:1], torch.ones(1), self.checks)
+
+    def score_columns(
+        self, prompts: list[Any], completions: list[Any], completion_ids: list, columns: dict
+    ) -> torch.Tensor:
+        """Per-function rewards `(N, F)`, NaN where a function did not score."""
+        return _score_completions(
+            self.funcs, prompts, completions, completion_ids, columns, self.checks
+        )
+
+    def score(self, rollout: Rollout) -> Rollout:
+        """Fill `rollout.per_func` `(N, F)` and `rollout.rewards` `(N,)` (in place; returned too).
+        With environments (`environment_factory`) every function also gets `environments` (N,),
+        as in TRL."""
+        r = rollout
+        columns = (
+            r.columns if r.environments is None else {**r.columns, "environments": r.environments}
+        )
+        r.per_func = self.score_columns(r.prompts, r.completions, r.completion_ids, columns)
+        r.rewards = combine_rewards(r.per_func, self.weights)
+        return r

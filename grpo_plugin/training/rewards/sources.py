@@ -20,7 +20,7 @@ from ...rollout.types import Rollout
 from ..inputs import reward_weight_tensor
 from .context import RewardContext, warn_if_unscored
 from .reward_models import is_reward_model, place_reward_models, resolve_reward_funcs
-from .scoring import RewardChecks, score_rollout
+from .scoring import RewardChecks, RewardScorer
 
 
 @dataclass
@@ -58,8 +58,13 @@ class RewardSources:
             weights=torch.cat([weights, torch.ones(len(extra))]),
             processing_classes=[getattr(f, "tokenizer", None) for f in funcs],
             context=context,
-            checks=RewardChecks(args.reward_timeout, args.nan_rewards_as_unscored),
+            checks=RewardChecks.from_args(args),
         )
+
+    @property
+    def scorer(self) -> RewardScorer:
+        """The run's scorer: every function, the weights, the run's checks."""
+        return RewardScorer(tuple(self.funcs), self.weights, self.checks)
 
     def place(self, device: torch.device | str, chat_template_kwargs: dict | None) -> None:
         """Reward models onto the policy's device, rendering chats as the policy's prompts are."""
@@ -68,7 +73,7 @@ class RewardSources:
     def score(self, rollout: Rollout) -> Rollout:
         """Fill `rollout.per_func` `(N, F)` and `rollout.rewards` `(N,)`; warn about completions no
         function scored (their advantage is 0)."""
-        score_rollout(rollout, self.funcs, self.weights, self.checks)
+        self.scorer.score(rollout)
         warn_if_unscored(rollout)
         return rollout
 

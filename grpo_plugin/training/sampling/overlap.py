@@ -34,7 +34,7 @@ from ..._logging import warn_once
 from ...rollout.prompts import decode_completions
 from ...rollout.types import Rollout
 from ..rewards.context import warn_if_unscored
-from ..rewards.scoring import combine_rewards, score_completions
+from ..rewards.scoring import combine_rewards
 
 logger = logging.getLogger(__name__)
 
@@ -86,9 +86,7 @@ def _score_group(rewards: Any, tokenizer: Any, row: dict, ids, mask, group: int)
     batch = SimpleNamespace(completion_ids=ids, completion_mask=mask)
     completions, completion_ids = decode_completions(tokenizer, prompts, batch)
     columns = {k: [v] * group for k, v in row.items() if k != "prompt"}
-    return score_completions(
-        rewards.funcs, prompts, completions, completion_ids, columns, rewards.checks
-    )
+    return rewards.scorer.score_columns(prompts, completions, completion_ids, columns)
 
 
 def _group_rows(groups: list[int], group_size: int) -> list[int]:
@@ -100,13 +98,9 @@ def _score_rest(rollout: Rollout, rewards: Any, idx: list[int]) -> torch.Tensor:
     """(len(idx), F) rewards of rows `idx` (the groups that finished with the loop), one call."""
     pick = lambda values: [values[i] for i in idx]  # noqa: E731
     columns = {k: pick(v) for k, v in rollout.columns.items()}
-    return score_completions(
-        rewards.funcs,
-        pick(rollout.prompts),
-        pick(rollout.completions),
-        pick(rollout.completion_ids),
-        columns,
-        rewards.checks,
+    scorer = rewards.scorer
+    return scorer.score_columns(
+        pick(rollout.prompts), pick(rollout.completions), pick(rollout.completion_ids), columns
     )
 
 

@@ -165,15 +165,19 @@ def test_evaluate_rejects_missing_prompt_column(tiny_model, tiny_tokenizer):
 
 def test_samples_do_not_depend_on_the_batch_size(tiny_model, tiny_tokenizer):
     """pass@k samples are keyed on (seed, prompt index): batching (or sharding) changes nothing."""
-    sampled = {}
+    calls = {}
 
     def reward(prompts, completions, completion_ids, **kw):
-        sampled.setdefault(run_batch, []).extend(completion_ids)
+        calls.setdefault(run_batch, []).append(completion_ids)
         return [0.0] * len(completion_ids)
 
     for run_batch in (2, 4, 16):  # 1, 2 and all 5 prompts per generation call
         evaluate(tiny_model, tiny_tokenizer, _chat_dataset(5), reward, k=2, num_samples=2,
                  max_new_tokens=6, batch_size=run_batch)  # fmt: skip
-    greedy = 5  # the first 5 recorded completions are the greedy ones
+    # per chunk: the greedy call, then the sampled one
+    sampled = {b: [ids for call in c[1::2] for ids in call] for b, c in calls.items()}
+    assert [len(c) for c in calls.values()] == [10, 6, 2]  # 5, 3 and 1 chunks
+    greedy = 0
+    assert len(sampled[16]) == 10
     assert sampled[2][greedy:] == sampled[4][greedy:] == sampled[16][greedy:]
     assert len(set(map(tuple, sampled[16][greedy:]))) > 1  # real samples, not all identical

@@ -15,9 +15,14 @@ from grpo_plugin.training.rewards import watchdog
 from grpo_plugin.training.rewards.scoring import (
     RewardChecks,
     RewardFunctionError,
+    RewardScorer,
     combine_rewards,
-    score_completions,
 )
+
+
+def score_completions(funcs, prompts, completions, ids, columns, checks=RewardChecks()):
+    scorer = RewardScorer(tuple(funcs), torch.ones(len(funcs)), checks)
+    return scorer.score_columns(prompts, completions, ids, columns)
 
 
 def call(funcs, completions, **columns):
