@@ -1,7 +1,7 @@
 """grpo-plugin: GRPO-family RL with verifiable rewards, as a TRL-style trainer.
 
-`from grpo_plugin import GRPOConfig, GRPOTrainer` mirrors `trl`. The package has three layers,
-each a folder (see the README's architecture section):
+`from grpo_plugin import GRPOConfig, GRPOTrainer` mirrors `trl`. The package has layers, each a
+folder, each importing only the ones above it in this list (docs/architecture.md):
 
 - `core/`: pure torch: the objectives, completion log-probs, batching;
 - `rollout/`: group sampling: the decode loop, prompts in and completions out, dynamic sampling,
