@@ -89,6 +89,7 @@ def cmd_train(argv: Sequence[str]) -> int:
         recipe_parser().print_help()
         return 0
     from .app.preflight import prepare_run
+    from .training.rewards.scoring import RewardFunctionError
     from .training.run.preemption import TrainingInterrupted
 
     try:
@@ -108,6 +109,8 @@ def cmd_train(argv: Sequence[str]) -> int:
         evaluation = train_recipe(recipe, rewards, data)
     except RecipeError as err:
         return fail(str(err))
+    except RewardFunctionError as err:  # the user's reward broke the contract: one line
+        return fail(str(err), code=1)
     except TrainingInterrupted as stop:
         print(f"{stop}\nTo resume: {resume_command(argv)}", file=sys.stderr)
         return stop.exit_code
@@ -123,6 +126,7 @@ def cmd_train(argv: Sequence[str]) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from .app.pipeline import evaluate_model
+    from .training.rewards.scoring import RewardFunctionError
 
     try:
         result = evaluate_model(
@@ -140,6 +144,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         )
     except RecipeError as err:
         return fail(str(err))
+    except RewardFunctionError as err:
+        return fail(str(err), code=1)
     print(json.dumps(result, indent=2))
     if args.output:
         Path(args.output).write_text(json.dumps(result, indent=2))

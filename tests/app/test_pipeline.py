@@ -163,3 +163,34 @@ def test_summary_and_card_name_the_best_step(run):
     assert f"**Best step: {step}** (eval_accuracy = " in card
     assert "| 2 |" in card and "| 4 |" in card  # the during-training table
     assert (out / "reward_curve.png").stat().st_size > 0
+
+
+HANGING_REWARD = """
+import time
+
+
+def hangs(prompts, completions, **kwargs):
+    time.sleep(600)
+"""
+
+
+def test_a_hanging_reward_stops_before_step_1_with_one_line_naming_it(tiny_model_dir, tmp_path):
+    """The bug the two evaluation engines hid: the before-training evaluation called the rewards
+    without `reward_timeout`, so a hanging reward hung `grpo-plugin train` silently forever."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "hang_reward.py").write_text(HANGING_REWARD)
+    path, out = write_recipe(tmp_path, tiny_model_dir)
+    path.write_text(path.read_text().replace("[last_integer]", "['hang_reward:hangs']"))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "grpo_plugin", "train", str(path), "--reward_timeout", "2"]
+    # the guard is the subprocess's own limit: without the fix this would run 600 s and fail here
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert "'hangs' timed out" in last and "reward_timeout" in last, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    metrics = out / "metrics.jsonl"
+    assert not metrics.exists() or '"loss"' not in metrics.read_text()  # no training step ran

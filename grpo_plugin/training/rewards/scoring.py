@@ -78,7 +78,7 @@ def _find_failing_index(fn: Callable, kwargs: dict[str, Any]) -> int | None:
 def _run_sync(fn: Callable, kwargs: dict[str, Any], timeout: float | None) -> Any:
     what = f"reward function {reward_name(fn)!r}"
     try:
-        with time_limit(timeout, what):
+        with time_limit(timeout, "it"):  # "it did not return within ... s"
             try:
                 return fn(**kwargs)
             except Exception as err:

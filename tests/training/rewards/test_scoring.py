@@ -20,8 +20,8 @@ from grpo_plugin.training.rewards.scoring import (
 )
 
 
-def score_completions(funcs, prompts, completions, ids, columns, checks=RewardChecks()):
-    scorer = RewardScorer(tuple(funcs), torch.ones(len(funcs)), checks)
+def score_completions(funcs, prompts, completions, ids, columns, checks=None):
+    scorer = RewardScorer(tuple(funcs), torch.ones(len(funcs)), checks or RewardChecks())
     return scorer.score_columns(prompts, completions, ids, columns)
 
 
@@ -179,3 +179,42 @@ def test_a_fast_reward_is_untouched_by_the_timeout():
     checks = RewardChecks(timeout=5.0)
     out = score_completions([constant(1.0)], ["p"] * 2, ["a", "b"], [[1]] * 2, {}, checks)
     assert out.tolist() == [[0.5], [1.0]]
+
+
+def test_only_the_scorer_calls_reward_functions():
+    """Every reward call goes through `RewardScorer` (so the run's checks hold everywhere): no
+    other library module calls anything with TRL's reward arguments, or reaches for the scorer's
+    internals. (The before-training evaluation once called the rewards itself, without
+    `reward_timeout`, and a hanging reward hung the run.)"""
+    import ast
+    import pathlib
+
+    import grpo_plugin
+
+    root = pathlib.Path(grpo_plugin.__file__).parent
+    reward_args = {"completions", "completion_ids"}
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        if path.relative_to(root).as_posix() == "training/rewards/scoring.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Name | ast.Attribute) and "_score_completions" in ast.unparse(
+                node
+            ):
+                offenders.append(f"{path.name}:{node.lineno} uses _score_completions")
+            if not isinstance(node, ast.Call):
+                continue
+            called = ast.unparse(node.func).split(".")[-1]
+            if called[:1].isupper() or called == "replace":  # building a Rollout, not a call
+                continue
+            keys = {k.arg for k in node.keywords}
+            keys |= {
+                key.value
+                for k in node.keywords
+                if k.arg is None and isinstance(k.value, ast.Dict)
+                for key in k.value.keys
+                if isinstance(key, ast.Constant)
+            }
+            if keys & reward_args:
+                offenders.append(f"{path.name}:{node.lineno} calls {called} with reward arguments")
+    assert offenders == []
