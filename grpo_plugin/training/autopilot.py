@@ -44,7 +44,6 @@ from typing import Any
 
 import torch
 
-from ..core.batching import shared_group_size
 from ..rollout.prompts import encode_prompts
 from ..rollout.types import TrainingBatch
 from .run import checkpoints
@@ -234,13 +233,10 @@ def _probe(trainer: Any, prompt: list[int], rows: int) -> float:
     batch = probe_batch(prompt, rows, a.max_completion_length, vocab, device)
     pad_id = trainer.processing_class.pad_token_id or 0
     batch = batch.padded_to_multiple(a.pad_to_multiple_of, pad_id)  # as the trainer pads
-    share = trainer._share_group = shared_group_size(a.num_generations, rows)
-    sharing = a.share_prompt_prefix
-    a.share_prompt_prefix = sharing and (share or 0) >= 2  # a 1-row probe: plain, and no warning
 
     def step() -> None:
         with trainer.compute_loss_context_manager():
-            logps, entropy, *_ = trainer._policy_logps(model, batch, entropy=True, loss=True)
+            logps, entropy, *_ = trainer.probe_logps(model, batch)
         (logps.sum() + (entropy.sum() if entropy.requires_grad else 0.0)).backward()
 
     was_training = model.training
@@ -252,7 +248,6 @@ def _probe(trainer: Any, prompt: list[int], rows: int) -> float:
     finally:
         model.zero_grad(set_to_none=True)
         model.train(was_training)
-        a.share_prompt_prefix = sharing
 
 
 def plan(trainer: Any, kept: int | None = None) -> Plan:
@@ -294,10 +289,11 @@ def _checkpoint_micro_batch(trainer: Any, checkpoint: str | None) -> int | None:
     return None if size is None else size // max(1, trainer.args.n_gpu)
 
 
-def apply(trainer: Any, checkpoint: str | None = None) -> Plan | None:
-    """Choose and set the micro-batch, accumulation, rollout steps and chunk size; log one line
-    (nothing without `auto_find_batch_size`). Streamed datasets (no longest prompt to probe) keep
-    the configured sizes, with a warning; a resumed `checkpoint` keeps its micro-batch."""
+def choose(trainer: Any, checkpoint: str | None = None) -> Plan | None:
+    """Choose the micro-batch, accumulation, rollout steps and chunk size, and log one line; the
+    trainer applies the plan (`GRPOTrainer.apply_batch_plan`). None without
+    `auto_find_batch_size`, and for streamed datasets (no longest prompt to probe: the configured
+    sizes stay, with a warning). A resumed `checkpoint` keeps its micro-batch."""
     a = trainer.args
     if not a.auto_find_batch_size:
         return None
@@ -307,17 +303,8 @@ def apply(trainer: Any, checkpoint: str | None = None) -> Plan | None:
             "keeping per_device_train_batch_size=%d.",
             a.per_device_train_batch_size,
         )
-        a.auto_find_batch_size = False
         return None
     chosen = plan(trainer, _checkpoint_micro_batch(trainer, checkpoint))
-    a.logprob_chunk_size = chosen.logprob_chunk_size
-    a.per_device_train_batch_size = chosen.micro_batch
-    a.gradient_accumulation_steps = chosen.gradient_accumulation_steps
-    a.steps_per_generation = chosen.steps_per_generation
-    a.generation_batch_size = chosen.micro_batch * a.world_size * chosen.steps_per_generation
-    a.auto_find_batch_size = False  # chosen once; transformers' halving loop stays off
-    trainer._train_batch_size = chosen.micro_batch * max(1, a.n_gpu)
-    trainer._share_group = shared_group_size(a.num_generations, chosen.micro_batch)
     probes = ", ".join(f"{rows} rows {peak / GIB:.2f} GB" for rows, peak in chosen.probes.items())
     probes = f"probed peak {probes}" if probes else "micro-batch kept from the checkpoint"
     logger.info(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -96,6 +97,14 @@ class MetricsWindow:
         for key, value in metrics.items():
             self.add(key, value)
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"values": dict(self.values), "last_logged_step": self.last_logged_step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.values.clear()
+        self.values.update({k: list(v) for k, v in state["values"].items()})
+        self.last_logged_step = state["last_logged_step"]
+
     def total(self, *keys: str) -> float:
         return sum(sum(self.values.get(key, ())) for key in keys)
 
@@ -117,6 +126,12 @@ class ZeroStdWatch:
 
     def __init__(self, patience: int) -> None:
         self.patience, self.streak = patience, 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"streak": self.streak}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.streak = state["streak"]
 
     def update(self, frac_zero_std: float, speak: bool = True) -> None:
         self.streak = self.streak + 1 if frac_zero_std >= 1.0 else 0

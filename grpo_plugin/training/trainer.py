@@ -65,8 +65,9 @@ from .policy import (
 )
 from .rewards.context import RewardContext
 from .rewards.sources import RewardSources
-from .run import completions_log, guards, lifecycle, rundir
+from .run import checkpoints, completions_log, guards, lifecycle, rundir
 from .run import lock as run_lock
+from .run.state import RunState
 from .sampling import streaming
 from .sampling.rollouts import RolloutSampler
 from .sampling.tools import ToolInputs
@@ -152,11 +153,15 @@ class GRPOTrainer(Trainer):
         self._add_trl_features(args)
         self.loss_is_scaled_for_ga = False  # the Trainer divides each micro-loss by GA
         self.model_accepts_loss_kwargs = False
-        self._buffer: TrainingBatch | None = None
-        self._metrics = MetricsWindow()
+        # what a resume restores besides weights, optimizer, scheduler and RNG (run/state.py)
+        self.run_state = RunState(
+            MetricsWindow(),
+            ZeroStdWatch(args.zero_std_patience),
+            self.eval_watch,
+            synced_reference=self.ref_model if args.sync_ref_model else None,
+        )
+        self._metrics = self.run_state.metrics  # the window the rollout's metrics go to
         self._seen_step, self._micro = -1, 0
-        self._zero_std = ZeroStdWatch(args.zero_std_patience)
-        self._loss_tokens_per_slice = 1.0  # dapo's normaliser for the current rollout
         self._rollout_key = RolloutKey(args.seed, 0)  # keys every random draw of a rollout
         self._staging_dir: str | None = None  # where a checkpoint is being written (lifecycle.py)
         self._share_group = shared_group_size(
@@ -213,11 +218,12 @@ class GRPOTrainer(Trainer):
         micro = self.state.global_step * a.gradient_accumulation_steps + self._micro
         self._micro += 1
         per_rollout = a.steps_per_generation * a.num_iterations
-        if micro % per_rollout == 0 or self._buffer is None:
+        state = self.run_state
+        if micro % per_rollout == 0 or state.rollout is None:
             self._rollout_key = RolloutKey(a.seed, micro // per_rollout)
-            self._buffer = self._build_rollout(rows)
+            state.rollout = self._build_rollout(rows)
         index = micro % a.steps_per_generation
-        return self._buffer.micro_batch(index, a.per_device_train_batch_size)
+        return state.rollout.micro_batch(index, a.per_device_train_batch_size)
 
     # --- one rollout, step by step -------------------------------------------------------------
     def _build_rollout(self, rows: list[dict]) -> TrainingBatch:
@@ -237,7 +243,7 @@ class GRPOTrainer(Trainer):
         batch = self._shuffle_for_reuse(batch)
         # dapo's normaliser: the global rollout's loss tokens per micro-slice and process
         tokens = distributed.mean_over_processes(self.accelerator, float(batch.loss_mask.sum()))
-        self._loss_tokens_per_slice = tokens / self.args.steps_per_generation
+        self.run_state.loss_tokens_per_slice = tokens / self.args.steps_per_generation
         return batch
 
     def _sample_and_score(self, rows: list[dict], key: RolloutKey) -> Rollout:
@@ -260,7 +266,9 @@ class GRPOTrainer(Trainer):
         rollout, _ = distributed.gather_rollout(self.accelerator, rollout, pad_id)
         metrics = reward_metrics(rollout, self.reward_names)  # over every process's completions
         self._metrics.update(metrics)
-        self._zero_std.update(metrics["frac_reward_zero_std"], self.is_world_process_zero())
+        self.run_state.zero_std.update(
+            metrics["frac_reward_zero_std"], self.is_world_process_zero()
+        )
 
     def _refill(self, rollout: Rollout) -> Rollout:
         a, rounds = self.args, iter(range(1, self.args.max_resample_rounds + 1))
@@ -323,7 +331,16 @@ class GRPOTrainer(Trainer):
             self.accelerator, model, lambda policy: self._policy_logps(policy, batch, entropy, loss)
         )
 
-    def _policy_logps(self, model, batch: TrainingBatch, entropy: bool, loss: bool):
+    def probe_logps(self, model, batch: TrainingBatch):
+        """The training forward on a probe micro-batch of `len(batch)` rows (autopilot.py): its
+        prompt shared as a micro-batch of that size would share it."""
+        share = shared_group_size(self.args.num_generations, len(batch))
+        sharing = self.args.share_prompt_prefix and (share or 0) >= 2  # 1 row: plain, no warning
+        return self._policy_logps(model, batch, True, True, sharing=(share, sharing))
+
+    def _policy_logps(self, model, batch: TrainingBatch, entropy: bool, loss: bool, sharing=None):
+        """`sharing`: (rows per shared prompt, share at all); default the training micro-batch's."""
+        group, share = sharing or (self._share_group, self.args.share_prompt_prefix)
         return completion_logprobs(
             model,
             batch.prompt_ids,
@@ -333,10 +350,8 @@ class GRPOTrainer(Trainer):
             score_mask=batch.sampled_mask,  # with tools: log-probs of sampled tokens only
             temperature=self.args.temperature,
             chunk_size=self.args.logprob_chunk_size,
-            group_size=self._share_group,
-            share_prompt_prefix=distributed.shares_prefix(
-                self.accelerator, self.args.share_prompt_prefix
-            ),
+            group_size=group,
+            share_prompt_prefix=distributed.shares_prefix(self.accelerator, share),
             return_entropy=entropy,
             entropy_grad=loss and self._objective.needs_entropy_grad,
             pad_to_multiple_of=self.args.pad_to_multiple_of,
@@ -357,7 +372,12 @@ class GRPOTrainer(Trainer):
     ):
         logps, entropy, *aux = self._logps(model, inputs, entropy=True, loss=True)  # (n, Tc)
         loss, metrics = self._objective(
-            logps, entropy, inputs, self._loss_tokens_per_slice, *aux, training=model.training
+            logps,
+            entropy,
+            inputs,
+            self.run_state.loss_tokens_per_slice,
+            *aux,
+            training=model.training,
         )
         guards.check_loss(loss, self.state.global_step)
         if model.training and self.accelerator.sync_gradients:
@@ -397,8 +417,42 @@ class GRPOTrainer(Trainer):
         return self._staging_dir or super()._get_output_dir(trial)
 
     def _save_checkpoint(self, model, trial) -> None:
-        base_save = super()._save_checkpoint
-        lifecycle.save_checkpoint(self, lambda: base_save(model, trial), self.args.output_dir)
+        lifecycle.save_checkpoint(self, lambda d: self._save_staged(model, trial, d))
+
+    def _save_staged(self, model, trial, staging: str) -> None:
+        """The Trainer's own checkpoint saving, into the staging folder (pushed once renamed)."""
+        push, self.args.push_to_hub = self.args.push_to_hub, False
+        self._staging_dir = staging
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._staging_dir, self.args.push_to_hub = None, push
+
+    def save_run_state(self, checkpoint: Path) -> None:
+        """This process's `RunState` (and, on the main process, the loss's entropy state) into a
+        checkpoint folder being written."""
+        a = self.args
+        per_rollout = a.steps_per_generation * a.num_iterations
+        mid_rollout = (self.state.global_step * a.gradient_accumulation_steps) % per_rollout != 0
+        checkpoints.save_state(checkpoint, a.process_index, self.run_state.state_dict(mid_rollout))
+        if self.is_world_process_zero():
+            self._objective.save_state(checkpoint)  # TRL's entropy_ctrl_state.json
+
+    def apply_batch_plan(self, plan: Any) -> None:
+        """The memory autopilot's choice (`autopilot.Plan`, or None: it kept the configured
+        sizes), validated by the config like a user's batch sizes, then the trainer's derived
+        sizes. Chosen once: transformers' own batch-halving loop stays off."""
+        self.args.auto_find_batch_size = False
+        if plan is None:
+            return
+        self.args.apply_batch_plan(plan.micro_batch, plan.logprob_chunk_size)
+        a = self.args  # the accumulation and rollout steps follow from the kept row counts
+        assert (a.gradient_accumulation_steps, a.steps_per_generation) == (
+            plan.gradient_accumulation_steps,
+            plan.steps_per_generation,
+        ), "the autopilot's plan and the config disagree on the derived sizes"
+        self._train_batch_size = plan.micro_batch * max(1, self.args.n_gpu)
+        self._share_group = shared_group_size(self.args.num_generations, plan.micro_batch)
 
     def _init_training_state(self, max_steps, num_update_steps_per_epoch, num_train_epochs, *a):
         epochs, steps = super()._init_training_state(
@@ -409,7 +463,9 @@ class GRPOTrainer(Trainer):
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         super()._load_optimizer_and_scheduler(checkpoint)
         self._objective.load_state(checkpoint)  # the adaptive entropy coefficient, as TRL
-        lifecycle.restore_trainer_state(self, checkpoint)
+        state = checkpoints.load_state(checkpoint, self.args.process_index)
+        if state is not None:
+            self.run_state.load_state_dict(state, self.args.device)
 
     def _get_grad_norm(self, model, grad_norm=None):
         grad_norm = super()._get_grad_norm(model, grad_norm)

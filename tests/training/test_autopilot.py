@@ -232,6 +232,7 @@ def test_a_resumed_run_keeps_its_checkpoints_micro_batch(tiny_tokenizer, tmp_pat
     TrainerState(train_batch_size=4).save_to_json(str(checkpoint / "trainer_state.json"))
     monkeypatch.setattr(autopilot, "_probe", lambda *a: pytest.fail("no probe on a resume"))
     trainer = make_trainer(tiny_tokenizer, tmp_path, auto_find_batch_size=True)
-    chosen = autopilot.apply(trainer, str(checkpoint))
+    chosen = autopilot.choose(trainer, str(checkpoint))
+    trainer.apply_batch_plan(chosen)
     assert (chosen.micro_batch, chosen.gradient_accumulation_steps, chosen.probes) == (4, 4, {})
     assert trainer.args.per_device_train_batch_size == 4 and trainer._share_group == 4

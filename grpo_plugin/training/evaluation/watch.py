@@ -125,6 +125,13 @@ class RewardHackingCallback(TrainerCallback):
         self.warned = False
         self.restored_step: int | None = None  # the best checkpoint's step, once loaded at the end
 
+    def state_dict(self) -> dict[str, bool]:
+        """What a resume restores (`run/state.py`): the alarm speaks once per run."""
+        return {"warned": self.warned}
+
+    def load_state_dict(self, state: dict[str, bool]) -> None:
+        self.warned = state["warned"]
+
     def metric(self, args: Any) -> tuple[str, bool]:
         """(the watched metric, whether greater is better)."""
         if args.metric_for_best_model:

@@ -5,13 +5,14 @@ into a checkpoint, checkpoints written atomically.
       resolve_resume       a path or True -> the newest complete checkpoint (checkpoints.py)
       run_lock.claim       lock output_dir; refuse a rerun that neither resumes nor overwrites
       cut_back_to_step     metrics.jsonl and completions/ back to the checkpoint's step
-      autopilot.apply      auto_find_batch_size: the micro-batch that fits (autopilot.py)
+      autopilot.choose     auto_find_batch_size: the micro-batch that fits (autopilot.py),
+                           applied by the trainer through the config's batch-size checks
       handlers_installed   SIGTERM / Ctrl-C -> save and stop (preemption.py)
       Trainer.train        (its `_save_checkpoint` goes through `save_checkpoint` below;
                            `skip_when_done`: a checkpoint at max_steps trains no further step)
 
 How it differs from `transformers.Trainer`: there, `resume_from_checkpoint` restores weights,
-optimizer, scheduler and RNG states; here also the trainer's own state (`trainer_state`), so a run
+optimizer, scheduler and RNG states; here also the trainer's own state (`run/state.py`), so a run
 resumed from checkpoint k continues exactly as the uninterrupted run would (the rollout buffer
 when a rollout spans the checkpoint, the metrics window, the zero-std streak, ...).
 """
@@ -23,7 +24,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ...rollout.types import TrainingBatch
 from .. import autopilot
 from . import checkpoints, rundir
 from . import lock as run_lock
@@ -47,7 +47,8 @@ def train(trainer: Any, base_train: Callable[..., Any], resume: str | bool | Non
         if main and checkpoint is not None:
             rundir.cut_back_to_step(a.output_dir, checkpoints.checkpoint_step(checkpoint) or 0)
             checkpoints.remove_staging(a.output_dir)
-        autopilot.apply(trainer, checkpoint)  # before the first step (no-op when it is off)
+        if a.auto_find_batch_size:  # before the first step
+            trainer.apply_batch_plan(autopilot.choose(trainer, checkpoint))
         guard = PreemptionCallback(trainer.accelerator)
         trainer.add_callback(guard)
         try:
@@ -87,22 +88,17 @@ def _newest(output_dir: str) -> str | None:
     return str(found) if found is not None else None
 
 
-def save_checkpoint(trainer: Any, base_save: Callable[[], None], run_dir: str) -> None:
-    """Write `checkpoint-<step>` atomically: `base_save` (the Trainer's own saving, redirected to
-    the staging folder through `trainer._staging_dir`), then the trainer's state, then rename."""
-
+def save_checkpoint(trainer: Any, save_staged: Callable[[str], None]) -> None:
+    """Write `checkpoint-<step>` atomically: `save_staged(staging_dir)` (the Trainer's own
+    saving, redirected there by the trainer), then the trainer's `RunState`, then rename."""
+    run_dir = trainer.args.output_dir
     push = trainer.args.push_to_hub  # pushed once renamed, from its final folder
 
     def write(staged: Path) -> None:
-        trainer._staging_dir, trainer.args.push_to_hub = str(staged.parent), False
-        try:
-            base_save()
-        finally:
-            trainer._staging_dir, trainer.args.push_to_hub = None, push
+        save_staged(str(staged.parent))
         _fix_best_checkpoint(trainer, staged.parent, Path(run_dir))
-        checkpoints.save_state(staged, trainer.args.process_index, trainer_state(trainer))
+        trainer.save_run_state(staged)
         if trainer.is_world_process_zero():
-            trainer._objective.save_state(staged)  # TRL's entropy_ctrl_state.json
             trainer.state.save_to_json(str(staged / checkpoints.TRAINER_STATE))
 
     acc, main = trainer.accelerator, trainer.is_world_process_zero()
@@ -131,39 +127,3 @@ def _rotate(trainer: Any, run_dir: str) -> None:
         best_model_checkpoint=trainer.state.best_model_checkpoint,
         use_mtime=False,
     )
-
-
-# --- the trainer's own state ---------------------------------------------------------------------
-def trainer_state(trainer: Any) -> dict[str, Any]:
-    """What decides the rest of the run besides weights, optimizer and RNG (plain types only)."""
-    a, buffer = trainer.args, trainer._buffer
-    per_rollout = a.steps_per_generation * a.num_iterations
-    mid_rollout = (trainer.state.global_step * a.gradient_accumulation_steps) % per_rollout != 0
-    state: dict[str, Any] = {
-        "buffer": buffer._tensors() if buffer is not None and mid_rollout else None,
-        "loss_tokens_per_slice": trainer._loss_tokens_per_slice,
-        "zero_std_streak": trainer._zero_std.streak,
-        "metrics_window": dict(trainer._metrics.values),
-        "metrics_last_logged_step": trainer._metrics.last_logged_step,
-        "hacking_alarm_warned": trainer.eval_watch.warned,
-    }
-    if trainer.args.sync_ref_model and trainer.ref_model is not None:
-        state["ref_model"] = {k: v.cpu() for k, v in trainer.ref_model.state_dict().items()}
-    return state
-
-
-def restore_trainer_state(trainer: Any, checkpoint: str | None) -> None:
-    """Undo `trainer_state` from a checkpoint being resumed (no-op for a fresh run)."""
-    state = checkpoints.load_state(checkpoint, trainer.args.process_index)
-    if state is None:
-        return
-    if state["buffer"] is not None:
-        trainer._buffer = TrainingBatch(**state["buffer"]).to(trainer.args.device)
-    trainer._loss_tokens_per_slice = state["loss_tokens_per_slice"]
-    trainer._zero_std.streak = state["zero_std_streak"]
-    trainer._metrics.values.clear()
-    trainer._metrics.values.update({k: list(v) for k, v in state["metrics_window"].items()})
-    trainer._metrics.last_logged_step = state["metrics_last_logged_step"]
-    trainer.eval_watch.warned = state["hacking_alarm_warned"]
-    if "ref_model" in state and trainer.ref_model is not None:
-        trainer.ref_model.load_state_dict(state["ref_model"])
