@@ -30,6 +30,8 @@ logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 from .app.recipe import RecipeError, load_recipe, one_line, recipe_parser  # noqa: E402
 from .app.recipe_checks import check_recipe  # noqa: E402
+from .rollout.chat_tools import DEFAULT_TOOL_TEMPLATE  # noqa: E402
+from .rollout.multiturn import DEFAULT_MAX_TOOL_RESULT_CHARS, DEFAULT_TOOL_TIMEOUT_S  # noqa: E402
 
 EXIT_BAD_RECIPE = 2
 
@@ -170,10 +172,22 @@ def _eval_parser(sub) -> None:
         default=None,
         help="a tool the model may call: python, module:function or file.py:function (repeat)",
     )
-    p.add_argument("--tool-chat-template", default="auto", help="auto | chatml | model")
+    p.add_argument(
+        "--tool-chat-template", default=DEFAULT_TOOL_TEMPLATE, help="auto | chatml | model"
+    )
     p.add_argument("--max-tool-calling-iterations", type=int, default=None)
-    p.add_argument("--tool-timeout", type=float, default=10.0, help="seconds per round of calls")
-    p.add_argument("--max-tool-result-length", type=int, default=1000, help="characters")
+    p.add_argument(
+        "--tool-timeout",
+        type=float,
+        default=DEFAULT_TOOL_TIMEOUT_S,
+        help="seconds per round of calls",
+    )
+    p.add_argument(
+        "--max-tool-result-length",
+        type=int,
+        default=DEFAULT_MAX_TOOL_RESULT_CHARS,
+        help="characters",
+    )
 
 
 # ----------------------------------------------------------------------------- main

@@ -29,6 +29,7 @@ from typing import Any
 from .types import ToolCall
 
 TOOL_TEMPLATES = ("auto", "chatml", "model")
+DEFAULT_TOOL_TEMPLATE = "auto"  # `GRPOConfig.tool_chat_template` and the CLI read it from here
 CHATML_END = "<|im_end|>"
 DEFAULT_SYSTEM = "You are a helpful assistant."
 
@@ -189,11 +190,11 @@ def renders_tools(tokenizer) -> bool:
     return "probe_tool_name" in text
 
 
-def resolve_tool_format(tokenizer, name: str | None = "auto") -> ToolFormat:
+def resolve_tool_format(tokenizer, name: str | None = DEFAULT_TOOL_TEMPLATE) -> ToolFormat:
     """The format for `tool_chat_template`: "chatml" (ours), "model" (the tokenizer's own,
     which must render tools), or "auto": the tokenizer's own when it renders tools, else ours for
     a ChatML template; anything else is a ValueError saying what to set. Checked by `check`."""
-    name = name or "auto"
+    name = name or DEFAULT_TOOL_TEMPLATE
     if name not in TOOL_TEMPLATES:
         raise ValueError(f"tool_chat_template={name!r}; use one of {', '.join(TOOL_TEMPLATES)}")
     own = getattr(tokenizer, "chat_template", None) or ""

@@ -39,6 +39,10 @@ from .noise import GeneratorNoise, SamplingNoise, ShiftedNoise
 from .tools import Tool, run_calls, toolbox
 from .types import Decoded, RolloutBatch, SamplingParams, ToolCall, Trajectory
 
+# The tool loop's defaults, in one place: `GRPOConfig` and the CLI read them from here.
+DEFAULT_TOOL_TIMEOUT_S = 10.0  # seconds one round of tool calls may take
+DEFAULT_MAX_TOOL_RESULT_CHARS = 1000  # characters of a tool result the model reads
+
 
 @dataclass
 class ToolSetup:
@@ -48,8 +52,8 @@ class ToolSetup:
     tools: list[Tool]  # tools every row may call
     environments: Environments | None = None  # environment_factory: per-rollout tools
     max_iterations: int | None = None  # rounds of tool calls per rollout (None: no limit)
-    timeout: float = 10.0  # seconds for one round of calls
-    max_result_chars: int = 1000  # a tool result longer than this is cut
+    timeout: float = DEFAULT_TOOL_TIMEOUT_S  # seconds for one round of calls
+    max_result_chars: int = DEFAULT_MAX_TOOL_RESULT_CHARS  # a tool result longer than this is cut
     template_kwargs: dict[str, Any] | None = None  # chat_template_kwargs, for the tool messages
 
     def start(self, rows: list[dict[str, Any]]) -> tuple[list[Any], list[dict], list[Any] | None]:

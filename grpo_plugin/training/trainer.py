@@ -49,8 +49,8 @@ from .callbacks import (
     RichProgressCallback,
     SyncRefModelCallback,
 )
+from .config.checks import warn_on_loss_combinations
 from .config.grpo_config import GRPOConfig
-from .config.trl_fields import warn_on_loss_combinations
 from .evaluation.setup import check_eval_setup, eval_set_names, prefixed, resolve_eval_metrics
 from .evaluation.watch import RewardHackingCallback
 from .inputs import check_inputs, check_prompt_lengths_of

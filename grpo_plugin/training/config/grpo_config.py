@@ -1,8 +1,16 @@
-"""`GRPOConfig`: TRL's GRPO options (same names, same meanings) plus grpo-plugin's own.
+"""`GRPOConfig`: TRL 1.16's GRPO options (same names, defaults and meanings) plus grpo-plugin's own,
+in one dataclass whose fields are grouped by concern:
 
-The TRL 1.16 fields not defined here live in `config_trl.TRLArguments` (implemented, or accepted
-only at TRL's default), the tool-calling ones in `config_tools.ToolArguments` and the memory
-autopilot's in `config_autopilot.AutopilotArguments`, which this class extends.
+    1. model and data          4. tools                   7. ours: the memory autopilot,
+    2. the loss (objective)    5. evaluation                 prefix sharing, overlap scoring
+    3. rollout and sampling    6. the run: precision, logging, output dir, safety
+
+A TRL field that does not apply here (vLLM, continuous batching, ...) is accepted only at TRL's
+default (`checks.REFUSED` gives the default and the reason): any other value raises one line
+naming the field, the reason and the default. The checks live in `checks.py`, by the same concerns; the batch
+sizes in `resolve_batch_sizes`, which the memory autopilot's plan goes through too
+(`apply_batch_plan`). This file is declarative and exempt from the 400-line bound: it grows with
+the options, and splitting it by size would scatter one concern again.
 
 Defaults that differ from `transformers.TrainingArguments`:
 - `learning_rate=1e-5`: TRL's 1e-6 targets full fine-tuning. A LoRA update is a rank-r delta scaled by
@@ -21,337 +29,385 @@ Defaults that differ from `transformers.TrainingArguments`:
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
+from transformers import TrainingArguments
 
-from ..._compat import cpu_has_bf16_units, launched_without_accelerators
-from ...core.objectives import ESTIMATORS, LossParams
+from ...core.objectives import LossParams
+from ...rollout.chat_tools import DEFAULT_TOOL_TEMPLATE
+from ...rollout.multiturn import DEFAULT_MAX_TOOL_RESULT_CHARS, DEFAULT_TOOL_TIMEOUT_S
 from ...rollout.types import SamplingParams
-from .autopilot_fields import AutopilotArguments
+from .checks import (
+    REFUSED,
+    apply_generation_kwargs,
+    check_autopilot_memory,
+    check_autopilot_processes,
+    check_evaluation,
+    check_logprob_chunk_size,
+    check_loss,
+    check_refused_fields,
+    check_rollout,
+    check_run,
+    check_tools,
+    resolve_pad_multiple,
+    set_evaluation_defaults,
+    set_run_defaults,
+)
 
-logger = logging.getLogger(__name__)
-SCALE_REWARDS = ("group", "batch", "none")
 # scale_rewards (TRL's knob) -> our advantage estimator.
 _SCALE_TO_ESTIMATOR = {"group": "grpo", "batch": "batch", "none": "dr_grpo"}
+# What `apply_batch_plan` rewrites (and puts back when the plan is refused).
+_BATCH_FIELDS = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "steps_per_generation",
+    "generation_batch_size",
+    "logprob_chunk_size",
+)
 
 
-def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r} is not supported; use one of {', '.join(allowed)}.")
+def _help(text: str, default: Any = None) -> Any:
+    """A field with its help text: whole sentences, saying what the default (None, 0) means."""
+    return field(default=default, metadata={"help": text})
 
 
-def _has_accelerator() -> bool:
-    mps = getattr(torch.backends, "mps", None)
-    return torch.cuda.is_available() or bool(mps and mps.is_available())
+def _refused(name: str) -> Any:
+    """A TRL field accepted only at its default (`checks.REFUSED` holds it and the reason)."""
+    default, reason = REFUSED[name]
+    return _help(f"Accepted only at {default!r}: {reason}.", default)
 
 
 @dataclass
-class GRPOConfig(AutopilotArguments):
+class GRPOConfig(TrainingArguments):
     """Configuration for `GRPOTrainer`. Every field has help text (`--help` in the CLI shows it)."""
 
-    # --- overridden TrainingArguments defaults -------------------------------------------------
-    learning_rate: float = field(
-        default=1e-5,
-        metadata={
-            "help": "AdamW learning rate. 1e-5 suits LoRA GRPO on 0.5-8B models (see module doc)."
-        },
+    # === 1. model and data (TRL's) ================================================================
+    model_init_kwargs: dict[str, Any] | str | None = _help(
+        "Keyword arguments for `AutoModelForCausalLM.from_pretrained` when `model` is a string: "
+        "`dtype`, `quantization_config` (a BitsAndBytesConfig or its dict), ... None: none."
     )
-    logging_steps: float = field(
-        default=1, metadata={"help": "Log (and append to metrics.jsonl) every N optimizer steps."}
+    trust_remote_code: bool = _help(
+        "Allow custom modelling code from the Hub for the policy, its tokenizer and reward models.",
+        False,
     )
-    bf16: bool | None = field(
-        default=None,
-        metadata={
-            "help": "bf16 mixed precision. None: on when the CUDA device supports it, else fp32."
-        },
+    disable_dropout: bool = _help("Set every dropout probability in the policy to 0.", False)
+    cast_lm_head_to_fp32: bool = _help(
+        "Keep the policy's and reference's LM head in float32 and run it on float32 hidden states "
+        "(ScaleRL, https://arxiv.org/abs/2510.13786). Not with a LoRA adapter on lm_head.",
+        False,
     )
-    report_to: None | str | list[str] = field(
-        default="none",
-        metadata={"help": "Experiment trackers to report to ('none', 'wandb', ...)."},
+    remove_unused_columns: bool | None = _help(
+        "Keep False: every dataset column reaches the reward functions.", False
     )
-    remove_unused_columns: bool | None = field(
-        default=False,
-        metadata={"help": "Keep False: every dataset column reaches the reward functions."},
+    max_prompt_length: int | None = _help(
+        "Keep only the last N prompt tokens (left truncation). None: no limit."
     )
-
-    # --- model ----------------------------------------------------------------------------------
-    model_init_kwargs: dict[str, Any] | str | None = field(
-        default=None,
-        metadata={
-            "help": "Keyword arguments for `AutoModelForCausalLM.from_pretrained` when `model` is a "
-            "string: `dtype`, `quantization_config` (a BitsAndBytesConfig or its dict), ..."
-        },
+    shuffle_dataset: bool = _help("Shuffle the prompts every epoch (seeded by `seed`).", True)
+    chat_template_kwargs: dict[str, Any] | None = _help(
+        "Extra keyword arguments for `apply_chat_template`. None: none."
     )
-    disable_dropout: bool = field(
-        default=False, metadata={"help": "Set every dropout probability in the policy to 0."}
+    pad_to_multiple_of: int | str | None = _help(
+        "Pad the training batch's prompt and completion widths (and the log-prob forward's) to a "
+        "multiple of this. 'auto' and None: no padding (TRL pads only on AWS Neuron).",
+        "auto",
     )
 
-    # --- generation -----------------------------------------------------------------------------
-    num_generations: int = field(
-        default=8, metadata={"help": "G: completions sampled per prompt (>= 2)."}
+    # === 2. the loss (objective) ==================================================================
+    learning_rate: float = _help(
+        "AdamW learning rate. 1e-5 suits LoRA GRPO on 0.5-8B models (see the module docstring).",
+        1e-5,
     )
-    max_prompt_length: int | None = field(
-        default=None,
-        metadata={"help": "Keep only the last N prompt tokens (left truncation). None: no limit."},
+    beta: float = _help(
+        "k3 KL coefficient to the reference policy. 0.0: no KL term, and no reference pass.", 0.0
     )
-    max_completion_length: int = field(
-        default=256,
-        metadata={
-            "help": "Maximum number of tokens after the prompt. With tools this bounds the whole "
-            "exchange: sampled turns, tool results and the template glue between them."
-        },
+    num_iterations: int = _help("mu: optimisation passes over each rollout.", 1)
+    epsilon: float = _help("Lower clip epsilon, in (0, 1).", 0.2)
+    epsilon_high: float | None = _help(
+        "Upper clip epsilon (DAPO clip-higher, e.g. 0.28). None: equal to epsilon."
     )
-    generation_batch_size: int | None = field(
-        default=None,
-        metadata={
-            "help": "Completions generated per rollout over all processes (TRL's meaning). None: "
-            "per_device_train_batch_size * num_processes * steps_per_generation. Each process's "
-            "share must be divisible by G (groups never span processes)."
-        },
+    delta: float | None = _help(
+        "Two-sided clipping (INTELLECT-2, https://arxiv.org/abs/2505.07291): cap the importance "
+        "ratio at delta (> 1; > 1 + epsilon_high recommended). None: off."
     )
-    steps_per_generation: int | None = field(
-        default=None,
-        metadata={
-            "help": "Micro-batches trained on one rollout. None: gradient_accumulation_steps."
-        },
+    loss_type: str = _help(
+        "The loss: 'grpo' (per-sequence mean), 'dapo' (per-token over the rollout), 'dr_grpo' "
+        "(sum / (N * max_completion_length)), 'bnpo' (per-token over the micro-batch), 'cispo', "
+        "'sapo', 'luspo' (sequence sums) or 'vespo'.",
+        "dapo",
     )
-    temperature: float = field(
-        default=1.0, metadata={"help": "Sampling temperature (> 0); log-probs use the same value."}
+    importance_sampling_level: str = _help(
+        "'token': one importance ratio per token. 'sequence' (GSPO): one length-normalised ratio "
+        "per sequence.",
+        "token",
     )
-    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling mass in (0, 1]."})
-    top_k: int = field(default=0, metadata={"help": "Top-k filtering; 0 disables it."})
-    repetition_penalty: float = field(
-        default=1.0, metadata={"help": "HF-style repetition penalty; 1.0 disables it."}
+    sapo_temperature_neg: float = _help(
+        "SAPO gate temperature for tokens with advantage <= 0 (loss_type='sapo').", 1.05
     )
-    chat_template_kwargs: dict[str, Any] | None = field(
-        default=None, metadata={"help": "Extra keyword arguments for `apply_chat_template`."}
+    sapo_temperature_pos: float = _help(
+        "SAPO gate temperature for tokens with advantage > 0 (loss_type='sapo').", 1.0
     )
-    shuffle_dataset: bool = field(
-        default=True, metadata={"help": "Shuffle the prompts every epoch (seeded by `seed`)."}
+    vespo_k_pos: float = _help("VESPO power k for advantage >= 0 (loss_type='vespo').", 2.0)
+    vespo_lambda_pos: float = _help("VESPO decay lambda for advantage >= 0.", 3.0)
+    vespo_k_neg: float = _help("VESPO power k for advantage < 0.", 3.0)
+    vespo_lambda_neg: float = _help("VESPO decay lambda for advantage < 0.", 2.0)
+    scale_rewards: str = _help("TRL's advantage scaling: 'group', 'batch' or 'none'.", "group")
+    advantage_estimator: str | None = _help(
+        "'grpo', 'dr_grpo', 'rloo' or 'batch'; overrides scale_rewards when set. None: mapped "
+        "from scale_rewards (group -> grpo, batch -> batch, none -> dr_grpo)."
     )
-    share_prompt_prefix: bool = field(
-        default=True,
-        metadata={
-            "help": "Run each distinct prompt through the model once and share its KV cache with its "
-            "G completions, in generation and in the training forward (exact; faster)."
-        },
+    reward_weights: list[float] | None = _help(
+        "One weight per reward function. None: each weighs 1.0."
     )
-    overlap_scoring: bool = field(
-        default=False,
-        metadata={
-            "help": "Score each group with the reward functions as soon as its G completions end, "
-            "while later groups still decode (pays for slow rewards: sandboxes, judges). Each "
-            "call then sees one group. Single-turn only (not with tools or rollout_func)."
-        },
+    multi_objective_aggregation: str = _help(
+        "'sum_then_normalize': weighted sum of the rewards, then the advantage estimator. "
+        "'normalize_then_sum' (GDPO, https://arxiv.org/abs/2601.05242): whiten each reward within "
+        "its group, sum with the weights, whiten the sum over the batch.",
+        "sum_then_normalize",
     )
-    logprob_chunk_size: int = field(
-        default=1024,
-        metadata={"help": "Completion positions per LM-head chunk; bounds the logits memory."},
+    mask_truncated_completions: bool = _help(
+        "Exclude completions that hit max_completion_length from the loss (DAPO).", False
     )
-
-    # --- objective ------------------------------------------------------------------------------
-    beta: float = field(
-        default=0.0,
-        metadata={"help": "k3 KL coefficient to the reference policy. 0 skips the reference pass."},
+    top_entropy_quantile: float = _help(
+        "Keep in the policy loss only the top rho of tokens by entropy (Beyond the 80/20 Rule, "
+        "https://arxiv.org/abs/2506.01939; 0.2 recommended). 1.0: every token.",
+        1.0,
     )
-    num_iterations: int = field(
-        default=1, metadata={"help": "mu: optimisation passes over each rollout."}
+    entropy_coef: float = _help(
+        "Entropy bonus c: the loss becomes L - c * (mean token entropy). The initial value when "
+        "use_adaptive_entropy. 0.0: off.",
+        0.0,
     )
-    epsilon: float = field(default=0.2, metadata={"help": "Lower clip epsilon, in (0, 1)."})
-    epsilon_high: float | None = field(
-        default=None,
-        metadata={"help": "Upper clip epsilon (DAPO clip-higher, e.g. 0.28). None: = epsilon."},
+    use_adaptive_entropy: bool = _help(
+        "Skywork-OR1's adaptive entropy control (https://arxiv.org/abs/2505.22312): move "
+        "entropy_coef by entropy_coef_delta each step; apply it only at or below entropy_target.",
+        False,
     )
-    loss_type: str = field(
-        default="dapo",
-        metadata={
-            "help": "Loss: 'grpo' (per-sequence mean), 'dapo' (per-token over the rollout), "
-            "'dr_grpo' (sum / (N * max_completion_length)), 'bnpo' (per-token over the "
-            "micro-batch), 'cispo', 'sapo', 'luspo' (sequence sums), 'vespo'."
-        },
+    entropy_coef_min: float = _help("Lower bound of the adaptive entropy coefficient.", 0.0)
+    entropy_coef_max: float = _help("Upper bound of the adaptive entropy coefficient.", 1.0)
+    entropy_coef_delta: float = _help("Step of the adaptive entropy coefficient.", 0.005)
+    entropy_target: float = _help(
+        "Target mean token entropy (nats) of adaptive control, measured over the tokens the "
+        "policy loss uses; set it near the entropy logged early in training.",
+        0.2,
     )
-    importance_sampling_level: str = field(
-        default="token",
-        metadata={"help": "'token' ratios, or 'sequence' (GSPO: one length-normalised ratio)."},
+    off_policy_mask_threshold: float | None = _help(
+        "Drop from the policy loss each sequence with negative advantage whose mean "
+        "log(pi_old / pi) exceeds this (DeepSeek-V3.2, https://arxiv.org/abs/2512.02556; e.g. "
+        "0.5). None: off."
     )
-    scale_rewards: str = field(
-        default="group",
-        metadata={"help": "TRL's advantage scaling: 'group', 'batch' or 'none'."},
+    use_bias_correction_kl: bool = _help(
+        "Multiply the k3 KL term by the importance ratio, which makes its gradient the unbiased "
+        "reverse-KL gradient (DeepSeek-V3.2). Changes the KL gradient whenever beta > 0.",
+        True,
     )
-    advantage_estimator: str | None = field(
-        default=None,
-        metadata={
-            "help": "'grpo' | 'dr_grpo' | 'rloo' | 'batch'. Overrides scale_rewards when set "
-            "(group->grpo, batch->batch, none->dr_grpo)."
-        },
+    sync_ref_model: bool = _help(
+        "TR-DPO reference updates (https://arxiv.org/abs/2404.09656): every ref_model_sync_steps "
+        "steps, ref = alpha * policy + (1 - alpha) * ref. Full fine-tuning with beta > 0 only.",
+        False,
     )
-    reward_weights: list[float] | None = field(
-        default=None,
-        metadata={"help": "One weight per reward function; None weights each 1.0."},
-    )
-    mask_truncated_completions: bool = field(
-        default=False,
-        metadata={
-            "help": "Exclude completions that hit max_completion_length from the loss (DAPO)."
-        },
-    )
-    dynamic_sampling: bool = field(
-        default=False,
-        metadata={
-            "help": "DAPO dynamic sampling: drop groups whose rewards all agree and refill the "
-            "batch with fresh prompts."
-        },
-    )
-    max_resample_rounds: int = field(
-        default=3,
-        metadata={"help": "Refill rounds per rollout for dynamic sampling before giving up."},
+    ref_model_mixup_alpha: float = _help("alpha of sync_ref_model, in [0, 1].", 0.6)
+    ref_model_sync_steps: int = _help("Optimizer steps between two sync_ref_model updates.", 512)
+    router_aux_loss_coef: float | None = _help(
+        "Weight of a Mixture-of-Experts model's load-balancing loss in the training loss. None: "
+        "the model config's value; 0.0 disables it. An error on a model that is not MoE."
     )
 
-    # --- logging --------------------------------------------------------------------------------
-    log_completions: bool = field(
-        default=False,
-        metadata={
-            "help": "Write completions/step_XXXXX.parquet (prompt, completion, rewards, advantage)."
-        },
+    # === 3. rollout and sampling ==================================================================
+    num_generations: int = _help("G: completions sampled per prompt (>= 2).", 8)
+    max_completion_length: int = _help(
+        "Maximum number of tokens after the prompt. With tools this bounds the whole exchange: "
+        "sampled turns, tool results and the template glue between them.",
+        256,
     )
-    zero_std_patience: int = field(
-        default=3,
-        metadata={
-            "help": "Warn once after this many steps in a row where every group had zero reward std."
-        },
+    generation_batch_size: int | None = _help(
+        "Completions generated per rollout over all processes (TRL's meaning); each process's "
+        "share must be divisible by G (groups never span processes). None: "
+        "per_device_train_batch_size * num_processes * steps_per_generation."
+    )
+    steps_per_generation: int | None = _help(
+        "Micro-batches trained on one rollout. None: gradient_accumulation_steps."
+    )
+    temperature: float = _help("Sampling temperature (> 0); log-probs use the same value.", 1.0)
+    top_p: float = _help("Nucleus sampling mass, in (0, 1]. 1.0: off.", 1.0)
+    top_k: int = _help("Top-k filtering. 0: off.", 0)
+    min_p: float | None = _help(
+        "Min-p sampling: drop tokens below min_p x the top token's probability (0.01-0.2 "
+        "typical). None: off."
+    )
+    repetition_penalty: float = _help("HF-style repetition penalty. 1.0: off.", 1.0)
+    generation_kwargs: dict[str, Any] | str | None = _help(
+        "Sampling options that override the fields of the same name: temperature, top_p, top_k, "
+        "min_p, repetition_penalty, suppress_tokens, do_sample=True. Any other key is accepted "
+        "only at transformers' GenerationConfig default and refused otherwise. None: none."
+    )
+    dynamic_sampling: bool = _help(
+        "DAPO dynamic sampling: drop groups whose rewards all agree and refill the batch with "
+        "fresh prompts.",
+        False,
+    )
+    max_resample_rounds: int = _help(
+        "Refill rounds per rollout for dynamic sampling before giving up.", 3
+    )
+    # TRL's generation backends; here generation is our own sampler (`rollout/generation.py`).
+    ds3_gather_for_generation: bool = _refused("ds3_gather_for_generation")
+    cache_implementation: str | None = _refused("cache_implementation")
+    use_vllm: bool = _refused("use_vllm")
+    vllm_mode: str = _refused("vllm_mode")
+    vllm_model_impl: str = _refused("vllm_model_impl")
+    vllm_enable_sleep_mode: bool = _refused("vllm_enable_sleep_mode")
+    vllm_structured_outputs_regex: str | None = _refused("vllm_structured_outputs_regex")
+    vllm_server_base_url: str | None = _refused("vllm_server_base_url")
+    vllm_server_host: str = _refused("vllm_server_host")
+    vllm_server_port: int = _refused("vllm_server_port")
+    vllm_server_timeout: float = _refused("vllm_server_timeout")
+    vllm_group_port: int = _refused("vllm_group_port")
+    vllm_gpu_memory_utilization: float = _refused("vllm_gpu_memory_utilization")
+    vllm_max_model_length: int | None = _refused("vllm_max_model_length")
+    vllm_tensor_parallel_size: int = _refused("vllm_tensor_parallel_size")
+    vllm_importance_sampling_correction: bool = _refused("vllm_importance_sampling_correction")
+    vllm_importance_sampling_mode: str = _refused("vllm_importance_sampling_mode")
+    vllm_importance_sampling_clip_max: float | None = _refused("vllm_importance_sampling_clip_max")
+    vllm_importance_sampling_clip_min: float | None = _refused("vllm_importance_sampling_clip_min")
+    vllm_importance_sampling_cap: float | None = _refused("vllm_importance_sampling_cap")
+    use_transformers_continuous_batching: bool = _refused("use_transformers_continuous_batching")
+    transformers_continuous_batching_config: dict | str | None = _refused(
+        "transformers_continuous_batching_config"
+    )
+    use_transformers_paged: bool = _refused("use_transformers_paged")
+
+    # === 4. tools (the loop: `rollout/multiturn.py`; the tools: `GRPOTrainer(tools=...)`) =========
+    max_tool_calling_iterations: int | None = _help(
+        "Rounds of tool calls per completion (TRL's): after each round the results are appended "
+        "and the completions that called a tool go on. None: until no completion calls one "
+        "(max_completion_length still bounds the whole exchange)."
+    )
+    tool_timeout: float = _help(
+        "Seconds one round of tool calls may take; a call still running then returns a timeout "
+        "error to the model (the run goes on).",
+        DEFAULT_TOOL_TIMEOUT_S,
+    )
+    max_tool_result_length: int = _help(
+        "Characters of a tool's result that the model reads; a longer result is cut, with a note "
+        "saying how much was left out.",
+        DEFAULT_MAX_TOOL_RESULT_CHARS,
+    )
+    tool_chat_template: str = _help(
+        "How tools, calls and results are written in the prompt: 'chatml' (ours, for ChatML "
+        "models such as SmolLM2 and Qwen2.5: <tool_call>{...}</tool_call> and tool turns), "
+        "'model' (the tokenizer's own template, which must render tools), or 'auto' (the "
+        "tokenizer's when it renders tools, else 'chatml' for a ChatML template).",
+        DEFAULT_TOOL_TEMPLATE,
     )
 
-    # --- run safety (training/run/lock.py, scoring.py) ------------------------------------------
-    overwrite_output_dir: bool = field(
-        default=False,
-        metadata={
-            "help": "Start a new run in an output_dir that holds an earlier one, deleting that "
-            "run's files first. Without it such a run is refused (resume it instead)."
-        },
+    # === 5. evaluation (`training/evaluation/during_training.py`) =================================
+    num_generations_eval: int | None = _help(
+        "Completions sampled per held-out prompt at each evaluation (TRL's name). k > 1 adds "
+        "eval_pass@k and computes the eval reward and loss on those samples; 1 evaluates greedy "
+        "completions only (cheapest). None: num_generations."
     )
-    reward_timeout: float | None = field(
-        default=600.0,
-        metadata={"help": "Seconds one reward call may take before the run stops. None: no limit."},
+    reward_hacking_window: int = _help(
+        "Warn when, over this many consecutive evaluations (first vs last), the training reward "
+        "rose while the held-out metric fell. 0: the alarm is off.",
+        2,
     )
-    nan_rewards_as_unscored: bool = field(
-        default=False,
-        metadata={
-            "help": "Read a NaN reward as 'not scored' (like None). Off: NaN is an error naming the "
-            "reward function and the sample."
-        },
+    reward_hacking_threshold: float = _help(
+        "How much the training reward must rise, and the held-out metric fall (each in its own "
+        "units), for the reward-hacking warning.",
+        0.05,
     )
 
-    # --- evaluation (training/evaluation/during_training.py) ---------------------------------------------------------
-    num_generations_eval: int | None = field(
-        default=None,
-        metadata={
-            "help": "Completions sampled per held-out prompt at each evaluation (TRL's name). "
-            "k > 1 adds eval_pass@k and computes the eval reward and loss on those samples; 1 "
-            "evaluates greedy completions only (cheapest). None: num_generations."
-        },
+    # === 6. the run: precision, logging, output dir, safety (`training/run/`) =====================
+    bf16: bool | None = _help(
+        "bf16 mixed precision. None: on when the CUDA device supports it, else fp32."
     )
-    reward_hacking_window: int = field(
-        default=2,
-        metadata={
-            "help": "Warn when, over this many consecutive evaluations (first vs last), the "
-            "training reward rose while the held-out metric fell. 0 turns the alarm off."
-        },
+    logging_steps: float = _help("Log (and append to metrics.jsonl) every N optimizer steps.", 1)
+    report_to: None | str | list[str] = _help(
+        "Experiment trackers to report to ('none', 'wandb', ...).", "none"
     )
-    reward_hacking_threshold: float = field(
-        default=0.05,
-        metadata={
-            "help": "How much the training reward must rise, and the held-out metric fall (each "
-            "in its own units), for the reward-hacking warning."
-        },
+    log_completions: bool = _help(
+        "Write completions/step_XXXXX.parquet (prompt, completion, rewards, advantage).", False
     )
+    num_completions_to_print: int | None = _help(
+        "With log_completions: also log this many completions of each rollout as a table. "
+        "None: none printed (the parquet file has them all)."
+    )
+    log_unique_prompts: bool = _help(
+        "With num_completions_to_print: print one completion per distinct prompt.", False
+    )
+    log_multimodal: bool = _help(
+        "Log images with completions. Prompts here are text only, so there is never any to log.",
+        True,
+    )
+    log_completions_hub_repo: str | None = _refused("log_completions_hub_repo")
+    zero_std_patience: int = _help(
+        "Warn once after this many steps in a row where every group had zero reward std.", 3
+    )
+    overwrite_output_dir: bool = _help(
+        "Start a new run in an output_dir that holds an earlier one, deleting that run's files "
+        "first. Without it such a run is refused (resume it instead).",
+        False,
+    )
+    reward_timeout: float | None = _help(
+        "Seconds one reward call may take before the run stops. None: no limit.", 600.0
+    )
+    nan_rewards_as_unscored: bool = _help(
+        "Read a NaN reward as 'not scored' (like None). Off: NaN is an error naming the reward "
+        "function and the sample.",
+        False,
+    )
+
+    # === 7. ours: memory autopilot, prefix sharing, overlap scoring ===============================
+    auto_find_batch_size: bool = _help(
+        "Memory autopilot: before the first step, probe the longest prompt and choose the "
+        "micro-batch (whole groups, or one group split row-wise) and logprob_chunk_size that fit "
+        "the memory; the rows per step and per rollout stay as configured. One process only.",
+        False,
+    )
+    auto_batch_memory_gb: float | None = _help(
+        "Memory the autopilot may plan for (GB). None: 0.9 x what is free."
+    )
+    share_prompt_prefix: bool = _help(
+        "Run each distinct prompt through the model once and share its KV cache with its G "
+        "completions, in generation and in the training forward (exact; faster).",
+        True,
+    )
+    overlap_scoring: bool = _help(
+        "Score each group with the reward functions as soon as its G completions end, while "
+        "later groups still decode (pays for slow rewards: sandboxes, judges). Each call then "
+        "sees one group. Single-turn only (not with tools or rollout_func).",
+        False,
+    )
+    logprob_chunk_size: int = _help(
+        "Completion positions per LM-head chunk; bounds the logits memory.", 1024
+    )
+
+    _VALID_DICT_FIELDS = TrainingArguments._VALID_DICT_FIELDS + ["generation_kwargs"]
 
     def __post_init__(self) -> None:
-        if self.load_best_model_at_end and self.metric_for_best_model is None:
-            self.metric_for_best_model = "accuracy"
-        if self.eval_strategy == "steps" and not self.eval_steps:  # the Trainer's silent default
-            logger.warning(
-                "eval_strategy='steps' without eval_steps evaluates at every logging step (every "
-                "%s steps); set eval_steps, e.g. eval_steps=16.",
-                self.logging_steps,
-            )
-        if self.bf16 is None:
-            self.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
-        if self.bf16 and not _has_accelerator():
-            self._bf16_on_cpu()
-        if not torch.cuda.is_available():
-            self.dataloader_pin_memory = False  # avoids torch's warning; nothing to pin to
-        if launched_without_accelerators():  # several CPU processes: gloo, not N separate runs
-            self.use_cpu = True
-        if isinstance(self.scale_rewards, bool):  # TRL accepts True/False
-            self.scale_rewards = "group" if self.scale_rewards else "none"
-        if self.gradient_checkpointing and self.gradient_checkpointing_kwargs is None:
-            self.gradient_checkpointing_kwargs = {"use_reentrant": False}
+        # Before TrainingArguments' own, which would default (eval_steps, bf16) or refuse
+        # (use_liger_kernel, bf16 on a CPU) these first.
+        set_evaluation_defaults(self)
+        set_run_defaults(self)
+        check_autopilot_memory(self)
+        check_tools(self)
+        check_refused_fields(self)
+        self.pad_to_multiple_of = resolve_pad_multiple(self.pad_to_multiple_of)
         super().__post_init__()
-        self._check_choices()
-        self._check_numbers()
-        self._resolve_batches()
+        # After it: generation_kwargs is a dict (it parses a JSON string), world_size is known.
+        apply_generation_kwargs(self)
+        check_loss(self)
+        check_rollout(self)
+        check_evaluation(self)
+        check_run(self)
+        check_autopilot_processes(self)
+        self.resolve_batch_sizes()
 
-    # --- validation ---------------------------------------------------------------------------
-    def _bf16_on_cpu(self) -> None:
-        """bf16 on a CPU: transformers wants `use_cpu` said; warn where bf16 is emulated."""
-        self.use_cpu = True
-        if cpu_has_bf16_units() is False:
-            logger.warning(
-                "bf16=True on a CPU without AVX512-BF16 or AMX: bf16 is emulated there and "
-                "slower than fp32; set bf16=False."
-            )
-
-    def _check_choices(self) -> None:
-        _choice("scale_rewards", self.scale_rewards, SCALE_REWARDS)
-        if self.advantage_estimator is not None:
-            _choice("advantage_estimator", self.advantage_estimator, ESTIMATORS)
-
-    def _check_numbers(self) -> None:
-        if not self.learning_rate > 0 or self.learning_rate == float("inf"):
-            raise ValueError(
-                f"learning_rate={self.learning_rate} must be a positive finite number (1e-5 for "
-                "LoRA on 0.5-8B models, 1e-4 to 5e-4 for tiny ones)."
-            )
-        if self.reward_timeout is not None and not self.reward_timeout > 0:
-            raise ValueError(
-                f"reward_timeout={self.reward_timeout} must be > 0 seconds, or None for no limit."
-            )
-        if self.num_generations < 2:
-            raise ValueError(
-                f"num_generations={self.num_generations}: GRPO compares completions within a group, "
-                "so it needs at least 2 (RLOO too). Use num_generations=8 as a start."
-            )
-        if self.temperature <= 0:
-            raise ValueError(
-                f"temperature={self.temperature} must be > 0 for training (log-probs divide by it)."
-            )
-        self.sampling_params()  # validates top_p, top_k, min_p and repetition_penalty
-        self.loss_params()  # validates every loss hyperparameter (core/losses.py, the one home)
-        if self.logprob_chunk_size < 1:
-            raise ValueError(f"logprob_chunk_size={self.logprob_chunk_size} must be >= 1.")
-        if self.num_iterations < 1:
-            raise ValueError(f"num_iterations={self.num_iterations} must be >= 1.")
-        if self.max_resample_rounds < 0:
-            raise ValueError("max_resample_rounds must be >= 0.")
-        self._check_evaluation()
-
-    def _check_evaluation(self) -> None:
-        if self.num_generations_eval is not None and self.num_generations_eval < 1:
-            raise ValueError(
-                f"num_generations_eval={self.num_generations_eval} must be >= 1 (1: greedy only)."
-            )
-        if self.reward_hacking_window < 0 or self.reward_hacking_window == 1:
-            raise ValueError(
-                f"reward_hacking_window={self.reward_hacking_window} must be >= 2 evaluations "
-                "(first and last are compared), or 0 to turn the alarm off."
-            )
-
-    def _resolve_batches(self) -> None:
-        """TRL's semantics: `generation_batch_size` counts the completions of one rollout over
-        every process; ours adds that each process's share holds whole groups."""
+    # --- batch sizes ------------------------------------------------------------------------------
+    def resolve_batch_sizes(self) -> None:
+        """Derive `steps_per_generation` and `generation_batch_size` from the micro-batch (TRL's
+        semantics: the latter counts one rollout's completions over every process) and check that
+        each process's share holds whole groups. Raises one line naming the field and the fix."""
         per_step, world = self.per_device_train_batch_size, self.world_size
         if self.generation_batch_size is not None and self.steps_per_generation is not None:
             raise ValueError("Set generation_batch_size or steps_per_generation, not both.")
@@ -375,7 +431,36 @@ class GRPOConfig(AutopilotArguments):
                 f"Make per_device_train_batch_size a multiple of {self.num_generations}."
             )
 
-    # --- derived values ------------------------------------------------------------------------
+    def apply_batch_plan(
+        self, per_device_train_batch_size: int, logprob_chunk_size: int | None
+    ) -> None:
+        """Take a memory plan's micro-batch (and LM-head chunk; None keeps it), keeping the rows
+        of an optimizer step and of a rollout: `gradient_accumulation_steps` and
+        `steps_per_generation` follow. Checked by `resolve_batch_sizes`, like a user's sizes, so
+        an invalid plan raises the same error (and leaves the config as it was)."""
+        micro = per_device_train_batch_size
+        step_rows = self.per_device_train_batch_size * self.gradient_accumulation_steps
+        if micro < 1 or step_rows % micro:
+            raise ValueError(
+                f"per_device_train_batch_size={micro} must divide the {step_rows} rows of an "
+                "optimizer step (per_device_train_batch_size x gradient_accumulation_steps), "
+                "which a batch plan keeps."
+            )
+        kept = {name: getattr(self, name) for name in _BATCH_FIELDS}
+        try:
+            if logprob_chunk_size is not None:
+                self.logprob_chunk_size = logprob_chunk_size
+                check_logprob_chunk_size(self)
+            self.per_device_train_batch_size = micro
+            self.gradient_accumulation_steps = step_rows // micro
+            self.steps_per_generation = None  # derived again from generation_batch_size (kept)
+            self.resolve_batch_sizes()
+        except ValueError:
+            for name, value in kept.items():
+                setattr(self, name, value)
+            raise
+
+    # --- derived values ---------------------------------------------------------------------------
     @property
     def estimator(self) -> str:
         """The advantage estimator in force: `advantage_estimator`, else mapped from scale_rewards."""

@@ -20,7 +20,7 @@ def test_defaults_fit_a_cpu(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="bf16 runs on the GPU there")
 def test_bf16_on_a_cpu_runs_there_and_warns_where_it_is_emulated(tmp_path, monkeypatch, caplog):
-    from grpo_plugin.training.config import grpo_config as config_module
+    from grpo_plugin.training.config import checks as config_module
 
     c = make(tmp_path, bf16=True)  # transformers alone: "Your setup doesn't support bf16/gpu"
     assert c.bf16 is True and c.use_cpu is True
@@ -72,8 +72,71 @@ def test_advantage_estimator_overrides_scale_rewards(tmp_path, scale, estimator,
 def test_every_field_has_help():
     from dataclasses import fields
 
-    from grpo_plugin.training.config.trl_fields import TRLArguments
+    own = [f for f in fields(GRPOConfig) if f.name in GRPOConfig.__annotations__]
+    assert len(own) > 90 and all(f.metadata.get("help") for f in own)
 
-    names = set(GRPOConfig.__annotations__) | set(TRLArguments.__annotations__)
-    own = [f for f in fields(GRPOConfig) if f.name in names]
-    assert own and all(f.metadata.get("help") for f in own)
+
+BATCH_FIELDS = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "steps_per_generation",
+    "generation_batch_size",
+    "logprob_chunk_size",
+)
+
+
+def _batch_fields(c: GRPOConfig) -> tuple:
+    return tuple(getattr(c, name) for name in BATCH_FIELDS)
+
+
+@pytest.mark.parametrize(
+    "kw, plan, expected",
+    [  # whole groups; one group split row-wise; a rollout trained on over several steps
+        ({"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2, "num_generations": 4},
+         (4, 256), (4, 4, 4, 16, 256)),
+        ({"per_device_train_batch_size": 8}, (2, None), (2, 4, 4, 8, 1024)),
+        ({"per_device_train_batch_size": 8, "generation_batch_size": 32}, (4, 512),
+         (4, 2, 8, 32, 512)),
+    ],
+)  # fmt: skip
+def test_a_batch_plan_keeps_the_rows_and_matches_the_same_sizes_given_by_hand(
+    tmp_path, kw, plan, expected
+):
+    c = make(tmp_path, **kw)
+    before = (
+        c.per_device_train_batch_size * c.gradient_accumulation_steps,
+        c.generation_batch_size,
+    )
+    c.apply_batch_plan(*plan)
+    assert _batch_fields(c) == expected
+    assert (c.per_device_train_batch_size * c.gradient_accumulation_steps, c.generation_batch_size) \
+        == before  # fmt: skip
+    by_hand = make(tmp_path, **{**kw, "per_device_train_batch_size": expected[0],
+                                "gradient_accumulation_steps": expected[1],
+                                "generation_batch_size": expected[3],
+                                "logprob_chunk_size": expected[4]})  # fmt: skip
+    assert _batch_fields(by_hand) == expected and by_hand.needs_old_logps == c.needs_old_logps
+
+
+@pytest.mark.parametrize(
+    "kw, plan, message",
+    [
+        ({"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2}, (3, None),
+         "per_device_train_batch_size=3 must divide the 16 rows of an optimizer step"),
+        ({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "num_generations": 4,
+          "generation_batch_size": 12}, (8, None),
+         r"generation_batch_size=12 must be a multiple of the global batch size 8"),
+        ({"per_device_train_batch_size": 8}, (8, 0), "logprob_chunk_size=0 must be >= 1"),
+    ],
+)  # fmt: skip
+def test_an_invalid_batch_plan_raises_the_users_error(tmp_path, kw, plan, message):
+    c = make(tmp_path, **kw)
+    before = _batch_fields(c)
+    with pytest.raises(ValueError, match=message):
+        c.apply_batch_plan(*plan)
+    assert _batch_fields(c) == before  # a refused plan leaves the config as it was
+
+
+def test_the_users_sizes_raise_the_same_error_as_a_plan(tmp_path):
+    with pytest.raises(ValueError, match="generation_batch_size=12 must be a multiple of the glob"):
+        make(tmp_path, per_device_train_batch_size=8, num_generations=4, generation_batch_size=12)
