@@ -26,7 +26,7 @@ kernel's OOM killer, not an exception). Here the work is kept and only its cut c
 - With tools the longest prompt is rendered with the tools' schemas, as the tool loop renders it
   (`max_completion_length` bounds the whole exchange). A resumed run keeps the micro-batch its
   checkpoint was trained with (`trainer_state.json`), so the resume stays exact.
-- Refused, with one line: several processes (`config_autopilot.py`), `environment_factory` (a
+- Refused, with one line: several processes (`config/checks.py`), `environment_factory` (a
   reset's observation lengthens the prompt before the rollout) and `rollout_func` (it builds its
   own prompts), by `check_inputs` when the trainer is built. The autopilot runs from
   `lifecycle.train`, after the output dir is claimed and before `Trainer.train`.
