@@ -15,12 +15,20 @@ As in torchtune's `GRPOTrajectory`, every field says its shape.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..core.tensors import pad_columns
+
+if TYPE_CHECKING:  # annotations only: multiturn and noise import this module
+    from .multiturn import ToolSetup
+    from .noise import SamplingNoise
+
+# on_step(finished (N,), tokens, live): the step tensors so far, (N,) each
+StepHook = Callable[[torch.Tensor, list, list], None]
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,72 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What `generation.generate_groups` samples: G completions of each prompt, and how.
+
+    Validated here (G >= 1, at least one eos id). `noise` wins over `generator`; with neither the
+    draws come from torch's global generator, in call order.
+    """
+
+    sampling: SamplingParams
+    num_generations: int  # G: rows p*G .. p*G+G-1 are prompt p's samples
+    eos_token_ids: tuple[int, ...]  # a completion ends at ANY of them (stored as a tuple)
+    pad_token_id: int | None = None  # None: the first eos id (models without a pad token)
+    share_prompt_prefix: bool = True  # prefill each distinct prompt once, expand its KV cache
+    generator: torch.Generator | None = None  # draws in call order (`GeneratorNoise`)
+    noise: SamplingNoise | None = None  # one row of uniforms per completion (e.g. `KeyedNoise`)
+    on_step: StepHook | None = None  # called after every decode step (`generation.decode`)
+    record_logprobs: bool = False  # the tool loop returns them; `generate_groups` ignores it
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "eos_token_ids", tuple(int(i) for i in self.eos_token_ids))
+        if self.num_generations < 1:
+            raise ValueError(f"num_generations must be >= 1, got {self.num_generations}.")
+        if not self.eos_token_ids:
+            raise ValueError(
+                "eos_token_ids is empty: pass the tokenizer's eos id (and e.g. <|im_end|>)."
+            )
+
+    @property
+    def pad_id(self) -> int:
+        """The id that fills each row after its end (`pad_token_id`, else the first eos id)."""
+        return self.eos_token_ids[0] if self.pad_token_id is None else int(self.pad_token_id)
+
+
+@dataclass(frozen=True)
+class DecodeSpec:
+    """How one decode run (`generation.decode`) picks tokens and when its rows stop.
+
+    Built from a `GenerationRequest` with everything resolved (pad id, noise source); the tool
+    loop builds one per turn (less budget left, draws shifted to each row's position).
+    """
+
+    sampling: SamplingParams
+    eos_token_ids: tuple[int, ...]  # a row stops at any of them
+    pad_token_id: int  # fills each row after its end
+    noise: SamplingNoise  # row a at step t reads `noise.uniforms([a], t)`
+    drop_finished: bool = True  # finished rows leave the batch and the KV cache
+    record_logprobs: bool = False  # keep log pi(token) at temperature 1 (`Decoded.logprobs`)
+    on_step: StepHook | None = None  # called after every step
+
+
+@dataclass(frozen=True)
+class GroupSampling:
+    """The run's settings for `prompts.sample_groups`: dataset rows in, G completions each out.
+
+    Training builds it with `training.sampling.rollouts.group_sampling(args, tools)`;
+    evaluation builds its own (its G, its sampling).
+    """
+
+    sampling: SamplingParams
+    num_generations: int  # G completions per row
+    max_prompt_length: int | None = None  # keep the last tokens of a longer prompt
+    chat_template_kwargs: dict[str, Any] | None = None  # passed to apply_chat_template
+    share_prompt_prefix: bool = True  # prefill each prompt once per group
+    tools: ToolSetup | None = None  # multi-turn tool calling (`multiturn.py`); None: one turn
 
 
 @dataclass

@@ -18,7 +18,7 @@ from grpo_plugin.rollout.sampler import (
     filter_top_k_top_p,
     sample_inverse_cdf,
 )
-from grpo_plugin.rollout.types import SamplingParams
+from grpo_plugin.rollout.types import GenerationRequest, SamplingParams
 
 SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "repetition_penalty")
 
@@ -39,7 +39,8 @@ def _generate(model, prompts, **overrides):
         generator=torch.Generator().manual_seed(7),
     )
     kwargs.update({k: v for k, v in overrides.items() if k not in SAMPLING_FIELDS})
-    return generate_groups(model, prompts, SamplingParams(**sampling), **kwargs)
+    request = GenerationRequest(sampling=SamplingParams(**sampling), **kwargs)
+    return generate_groups(model, prompts, request)
 
 
 def _hf_greedy(model, batch, max_new_tokens, eos_ids):

@@ -41,7 +41,7 @@ from ...core.objectives import policy_loss
 from ...rollout.dynamic_sampling import informative_groups
 from ...rollout.noise import KeyedNoise
 from ...rollout.prompts import sample_groups
-from ...rollout.types import Rollout, SamplingParams
+from ...rollout.types import GroupSampling, Rollout, SamplingParams
 from ..distributed import contiguous_share, failures_shared, full_parameters, gather_objects
 from ..metrics import nanstd
 from ..objective import rollout_advantages
@@ -204,18 +204,15 @@ class SetEvaluator:
         if not sampling.greedy:
             indices = range(first_index, first_index + len(rows))
             noise = KeyedNoise.for_evaluation(a.seed, indices, k, sampling.max_new_tokens)
-        return sample_groups(
-            self.model,
-            self.trainer.processing_class,
-            rows,
+        settings = GroupSampling(
             sampling,
-            num_generations=k,
-            max_prompt_length=a.max_prompt_length,
-            chat_template_kwargs=a.chat_template_kwargs,
-            share_prompt_prefix=a.share_prompt_prefix,
-            noise=noise,
-            tools=self.trainer.tool_setup,
+            k,
+            a.max_prompt_length,
+            a.chat_template_kwargs,
+            a.share_prompt_prefix,
+            self.trainer.tool_setup,
         )
+        return sample_groups(self.model, self.trainer.processing_class, rows, settings, noise=noise)
 
     def run(self, dataset: Any) -> dict[str, float]:
         """Several processes: each evaluates its contiguous shard of a map-style set, and the

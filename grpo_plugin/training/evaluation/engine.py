@@ -27,7 +27,7 @@ from datasets import Dataset
 
 from ...rollout.noise import KeyedNoise
 from ...rollout.prompts import sample_groups
-from ...rollout.types import SamplingParams
+from ...rollout.types import GroupSampling, SamplingParams
 from ..rewards.scoring import score_rollout
 
 RewardFn = Callable[..., list[float | None]]
@@ -79,17 +79,14 @@ class _Scorer:
                 noise = KeyedNoise.for_evaluation(
                     self.seed, indices, num_return, self.max_new_tokens
                 )
-            rollout = sample_groups(
-                self.model,
-                self.tokenizer,
-                rows,
+            settings = GroupSampling(
                 sampling,
-                num_generations=num_return,
-                max_prompt_length=self.max_prompt_length,
-                chat_template_kwargs=self.chat_template_kwargs,
-                noise=noise,
+                num_return,
+                self.max_prompt_length,
+                self.chat_template_kwargs,
                 tools=self.tools,
             )
+            rollout = sample_groups(self.model, self.tokenizer, rows, settings, noise=noise)
             rewards = score_rollout(rollout, [self.reward_fn], torch.ones(1)).rewards
             per_prompt += rewards.view(len(rows), num_return).tolist()
             if rollout.batch.tool_calls is not None:
