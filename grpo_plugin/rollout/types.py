@@ -167,6 +167,15 @@ class RolloutBatch:
         """`(N, Tc)` the tokens the policy sampled: the ones the loss may train."""
         return self.completion_mask if self.sampled_mask is None else self.sampled_mask
 
+    def loss_mask(self, mask_truncated: bool) -> torch.LongTensor:
+        """`(N, Tc)` the tokens the loss trains: the sampled ones (no tool results, no `env_mask`
+        0s), and with `mask_truncated` none of a completion that hit max_new_tokens (TRL's
+        `mask_truncated_completions`). The one place this mask is built."""
+        mask = self.model_mask.clone()
+        if mask_truncated:
+            mask[self.is_truncated] = 0
+        return mask
+
     def row_fields(self) -> tuple[str, ...]:
         """The names of the per-row tensors this batch holds."""
         return self.ROW_FIELDS + tuple(
@@ -228,6 +237,11 @@ class TrainingBatch:
     sampled_mask: torch.LongTensor | None = None  # (N, Tc) tokens the policy sampled (tools)
     old_logps: torch.Tensor | None = None  # (N, Tc) behaviour policy, only when a rollout is reused
     ref_logps: torch.Tensor | None = None  # (N, Tc) reference policy, only when beta > 0
+
+    @property
+    def model_mask(self) -> torch.LongTensor:
+        """`(N, Tc)` the tokens the policy sampled (as `RolloutBatch.model_mask`)."""
+        return self.completion_mask if self.sampled_mask is None else self.sampled_mask
 
     def _tensors(self) -> dict[str, torch.Tensor]:
         return {

@@ -240,7 +240,8 @@ def _probe(trainer: Any, prompt: list[int], rows: int) -> float:
 
     def step() -> None:
         with trainer.compute_loss_context_manager():
-            logps, entropy, *_ = trainer._policy_logps(model, batch, entropy=True, loss=True)
+            out = trainer._policy_logps(model, batch, entropy=True, loss=True)
+            logps, entropy = out.logps, out.entropy
         (logps.sum() + (entropy.sum() if entropy.requires_grad else 0.0)).backward()
 
     was_training = model.training

@@ -259,7 +259,7 @@ def sharded_policy_step(model, tokenizer, prompt_index: int, accelerator=None, r
 
     def logps(policy):
         ids = (b.prompt_ids, b.prompt_mask, b.completion_ids, b.completion_mask)
-        return completion_logprobs(policy, *ids, group_size=8, share_prompt_prefix=share)[0]
+        return completion_logprobs(policy, *ids, group_size=8, share_prompt_prefix=share).logps
 
     forward_through(accelerator, model, logps).sum().backward()
     return b.completion_ids
