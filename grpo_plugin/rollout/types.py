@@ -23,8 +23,7 @@ import torch
 
 from ..core.tensors import pad_columns
 
-if TYPE_CHECKING:  # annotations only: multiturn and noise import this module
-    from .multiturn import ToolSetup
+if TYPE_CHECKING:  # annotations only
     from .noise import SamplingNoise
 
 # on_step(finished (N,), tokens, live): the step tensors so far, (N,) each
@@ -134,7 +133,9 @@ class GroupSampling:
     max_prompt_length: int | None = None  # keep the last tokens of a longer prompt
     chat_template_kwargs: dict[str, Any] | None = None  # passed to apply_chat_template
     share_prompt_prefix: bool = True  # prefill each prompt once per group
-    tools: ToolSetup | None = None  # multi-turn tool calling (`multiturn.py`); None: one turn
+    # A `multiturn.ToolSetup` for multi-turn tool calling, None: one turn. Typed Any because
+    # multiturn imports this module, and the import-cycle test counts TYPE_CHECKING imports too.
+    tools: Any = None
 
 
 @dataclass

@@ -419,15 +419,12 @@ class GRPOTrainer(Trainer):
 
     def run_summary(self) -> dict[str, Any]:
         """The run facts that model cards need (`grpo_run.json`)."""
+        rewards = rundir.reward_summary(
+            self.reward_names, self.reward_weights, self.rewards.model_sources()
+        )
+        model = self.accelerator.unwrap_model(self.model)
         summary = rundir.run_summary(
-            self.args,
-            self.accelerator.unwrap_model(self.model),
-            self.model_name,
-            self.reward_names,
-            self.reward_weights,
-            self.state.global_step,
-            self.dataset_names,
-            self.rewards.model_sources(),
+            self.args, model, self.model_name, self.state.global_step, rewards, self.dataset_names
         )
         summary["evaluation"] = self.eval_watch.summary(self.args, self.state)
         summary["tools"] = [getattr(t, "__name__", repr(t)) for t in self.tools]
