@@ -3,6 +3,10 @@
     SamplingParams --generate_groups--> RolloutBatch --decode, score--> Rollout
                    --advantages, reference log-probs--> TrainingBatch --micro-batches--> the loss
 
+The settings travel as parameter objects, not long argument lists: `GroupSampling` (what
+`prompts.sample_groups` needs from the run), `GenerationRequest` (what `generate_groups` samples)
+and `DecodeSpec` (one decode run, resolved: pad id, noise source; the tool loop makes one a turn).
+
 With tools (`multiturn.py`) each row is a `Trajectory` (sampled turns, tool results and template
 glue) of `ToolCall`s and `ToolResult`s, decoded turn by turn (`Decoded`), and packed into the same
 `RolloutBatch`: its completion is everything after the prompt, and `sampled_mask` marks the tokens
