@@ -43,9 +43,8 @@ def reencode_continue(self, rows, blocks, out):
     used = torch.tensor([len(self.traj[r].ids) for r in next_rows])
     sampling = replace(self.sampling, max_new_tokens=int(self.max_len - used.min()))
     noise = ShiftedNoise(self.noise, torch.tensor(next_rows), used)
-    _, mask, decoded, prefilled = prefill_and_decode(
-        self.model, histories, 1, self.eos, self.pad, sampling, noise, False, drop_finished=False
-    )
+    spec = replace(self.spec, sampling=sampling, noise=noise)
+    _, mask, decoded, prefilled = prefill_and_decode(self.model, histories, 1, spec, False)
     self.prefilled += prefilled
     self._width = mask.shape[1]
     return next_rows, decoded
@@ -54,6 +53,7 @@ def reencode_continue(self, rows, blocks, out):
 def rollout(model, tokenizer, rows, setup, sampling, noise, variant: str):
     from grpo_plugin.rollout import multiturn
     from grpo_plugin.rollout.prompts import sample_groups
+    from grpo_plugin.rollout.types import GroupSampling
 
     original_continue, original_turn = multiturn._Loop.continue_rows, multiturn._Loop.take_turn
     timing = {}
@@ -68,8 +68,8 @@ def rollout(model, tokenizer, rows, setup, sampling, noise, variant: str):
     multiturn._Loop.take_turn = timed_turn
     try:
         start = time.perf_counter()
-        result = sample_groups(model, tokenizer, rows, sampling, num_generations=8,
-                               tools=setup, noise=noise)  # fmt: skip
+        settings = GroupSampling(sampling, num_generations=8, tools=setup)
+        result = sample_groups(model, tokenizer, rows, settings, noise=noise)
         seconds = time.perf_counter() - start
     finally:
         multiturn._Loop.continue_rows, multiturn._Loop.take_turn = original_continue, original_turn

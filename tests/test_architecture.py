@@ -121,3 +121,63 @@ def test_no_formatter_escapes_in_the_library():
         if "fmt: skip" in p.read_text() or "fmt: off" in p.read_text()
     ]
     assert escaped == []
+
+
+# --- parameter counts ---------------------------------------------------------------------------
+# A function's parameters: positional-only, positional and keyword-only ones, without a leading
+# `self` / `cls`; `*args` and `**kwargs` count one each (a caller can still pass through them,
+# so they are part of what a call may carry). More than MAX_PARAMETERS wants a parameter object
+# (`rollout/types.py`: GenerationRequest, DecodeSpec, GroupSampling) unless listed here.
+MAX_PARAMETERS = 6
+MANY_PARAMETERS_ALLOWED = {
+    "training/trainer.py::GRPOTrainer.__init__": "TRL's public GRPOTrainer signature, kept so "
+    "TRL scripts run unchanged",
+    "core/logprobs.py::completion_logprobs": "model + the 4 batch tensors, then keyword-only "
+    "forward options that each caller picks 0-9 of; an options object would only move them",
+    "core/losses.py::policy_loss": "the objective's 5 tensors + LossParams; token_mask keyword; "
+    "**settings is the documented keyword shortcut for LossParams",
+    "training/evaluation/engine.py::evaluate": "keyword-only public eval API, one per "
+    "EvalSettings field; the engine itself takes EvalSettings",
+    "app/pipeline.py::evaluate_model": "keyword-only, one per `grpo-plugin eval` flag",
+    "app/data.py::arithmetic_dataset": "keyword-only, one per field of a recipe's arithmetic "
+    "dataset spec",
+    "training/publish/hub.py::publish": "keyword-only, one per `grpo-plugin push` flag (TRL's "
+    "push_to_hub keywords)",
+}
+
+
+def _parameter_count(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    a = node.args
+    names = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs]
+    if names and names[0] in ("self", "cls"):
+        names = names[1:]
+    return len(names) + (a.vararg is not None) + (a.kwarg is not None)
+
+
+def _functions(path: Path):
+    """`(qualified name, node)` of every function and method in `path`, nested ones included."""
+
+    def walk(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                yield from walk(child, f"{prefix}{child.name}.")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield f"{prefix}{child.name}", child
+                yield from walk(child, f"{prefix}{child.name}.")
+            else:
+                yield from walk(child, prefix)
+
+    yield from walk(ast.parse(path.read_text()), "")
+
+
+def test_no_function_takes_more_than_six_parameters():
+    counts = {
+        f"{path.relative_to(PACKAGE).as_posix()}::{name}": _parameter_count(node)
+        for path in _sources(PACKAGE)
+        for name, node in _functions(path)
+    }
+    wide = {name: n for name, n in counts.items() if n > MAX_PARAMETERS}
+    unlisted = {name: n for name, n in wide.items() if name not in MANY_PARAMETERS_ALLOWED}
+    assert unlisted == {}, "add a parameter object (or, with a reason, an allow-list entry)"
+    stale = sorted(set(MANY_PARAMETERS_ALLOWED) - set(wide))
+    assert stale == [], "these are within the limit now: drop them from the allow-list"

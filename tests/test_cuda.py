@@ -18,7 +18,7 @@ from conftest import char_codes, make_tiny_model, make_trainer, tiny_lora
 
 from grpo_plugin.core.logprobs import completion_logprobs
 from grpo_plugin.rollout.generation import generate_groups
-from grpo_plugin.rollout.types import SamplingParams
+from grpo_plugin.rollout.types import GenerationRequest, SamplingParams
 
 DEVICE = os.environ.get("GRPO_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
 pytestmark = pytest.mark.cuda
@@ -30,16 +30,14 @@ def _prompts(tok) -> list[list[int]]:
 
 
 def _sample(model, prompts, share: bool, **sampling):
-    return generate_groups(
-        model,
-        prompts,
+    return generate_groups(model, prompts, GenerationRequest(
         SamplingParams(**{"max_new_tokens": 8, **sampling}),
         num_generations=4,
         eos_token_ids=[UNUSED_EOS],
         pad_token_id=0,
         share_prompt_prefix=share,
         generator=torch.Generator().manual_seed(3),
-    )
+    ))  # fmt: skip
 
 
 def _device_args() -> dict:
@@ -59,8 +57,10 @@ def test_generation_and_the_training_forward_run_on_the_device_and_agree(tiny_to
     assert torch.equal(greedy.completion_ids, hf)
     b = shared
     tensors = (b.prompt_ids, b.prompt_mask, b.completion_ids, b.completion_mask)
-    plain_logps = completion_logprobs(model, *tensors)[0]  # (N, Tc), fp32
-    shared_logps = completion_logprobs(model, *tensors, group_size=4, share_prompt_prefix=True)[0]
+    plain_logps = completion_logprobs(model, *tensors).logps  # (N, Tc), fp32
+    shared_logps = completion_logprobs(
+        model, *tensors, group_size=4, share_prompt_prefix=True
+    ).logps
     assert plain_logps.device.type == DEVICE and plain_logps.dtype == torch.float32
     torch.testing.assert_close(shared_logps, plain_logps, atol=5e-5, rtol=0)
     mask = b.completion_mask.bool()

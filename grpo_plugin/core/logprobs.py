@@ -33,6 +33,8 @@ model's own logit post-processing only Gemma-style `final_logit_softcapping` is 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
@@ -48,7 +50,16 @@ from .._compat import (
 from .._logging import warn_once
 from .tensors import position_ids_from_mask
 
-__all__ = ["completion_logprobs"]
+__all__ = ["CompletionLogprobs", "completion_logprobs"]
+
+
+class CompletionLogprobs(NamedTuple):
+    """What `completion_logprobs` returns, always these three (a NamedTuple, so DDP's output
+    walk still finds the tensors); `None` marks what was not asked for."""
+
+    logps: torch.Tensor  # (N, Tc) float32, 0 off the scored tokens
+    entropy: torch.Tensor | None = None  # (N, Tc) when return_entropy, 0 off the scored tokens
+    aux_loss: torch.Tensor | None = None  # () the MoE router loss, when return_aux_loss
 
 
 def _decoder_body(model: torch.nn.Module) -> torch.nn.Module:
@@ -238,7 +249,7 @@ def completion_logprobs(
     pad_to_multiple_of: int | None = None,
     return_aux_loss: bool = False,
     score_mask: torch.LongTensor | None = None,
-) -> tuple[torch.Tensor, ...]:
+) -> CompletionLogprobs:
     """Log-probs `(N, Tc)` float32 of each completion token (0 where `completion_mask` is 0).
 
     `score_mask` `(N, Tc)` (a subset of `completion_mask`; default: all of it) limits the LM head
@@ -247,9 +258,9 @@ def completion_logprobs(
 
     Prompts are left-padded `(N, Lp)`, completions right-padded `(N, Tc)`. Differentiable when grad
     is enabled. With `share_prompt_prefix` and `group_size`, rows p*G .. p*G+G-1 must share prompt
-    p. Returns `(logps, entropy)`: the entropy `(N, Tc)` when `return_entropy` (detached unless
-    `entropy_grad`), else None; with `return_aux_loss`, `(logps, entropy, aux_loss)` where
-    `aux_loss` is the MoE router load-balancing loss (a scalar).
+    p. Returns a `CompletionLogprobs`: `entropy` `(N, Tc)` when `return_entropy` (detached unless
+    `entropy_grad`), else None; `aux_loss` (a scalar, the MoE router load-balancing loss) when
+    `return_aux_loss`, else None.
     """
     _check_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask, chunk_size)
     prompt_ids, prompt_mask, completion_ids, completion_mask = (
@@ -263,9 +274,9 @@ def completion_logprobs(
     width = tensors[2].size(1)
     logps = torch.zeros(rows, full_width, dtype=torch.float32, device=completion_ids.device)
     entropy = torch.zeros_like(logps) if return_entropy else None
-    aux_loss = logps.new_zeros(())
+    aux_loss = logps.new_zeros(()) if return_aux_loss else None
     if width == 0 or tensors[0].size(1) == 0:
-        return (logps, entropy, aux_loss) if return_aux_loss else (logps, entropy)
+        return CompletionLogprobs(logps, entropy, aux_loss)
 
     keep_bnb_4bit_weights_trainable(model)
     if return_aux_loss:
@@ -296,4 +307,4 @@ def completion_logprobs(
     if return_entropy:
         selected_entropy = selected_entropy if entropy_grad else selected_entropy.detach()
         entropy = entropy.masked_scatter(padded_real, selected_entropy)
-    return (logps, entropy, aux_loss) if return_aux_loss else (logps, entropy)
+    return CompletionLogprobs(logps, entropy, aux_loss)

@@ -194,7 +194,7 @@ def _surrogate(p: LossParams, ratio, log_ratio, logps, adv, weight):
         return sapo_surrogate(ratio, adv, p.sapo_temperature_pos, p.sapo_temperature_neg), {}
     if p.loss_type == "vespo":
         k_lambda = (p.vespo_k_pos, p.vespo_lambda_pos, p.vespo_k_neg, p.vespo_lambda_neg)
-        phi = vespo_gamma_weights(log_ratio, weight, adv, *k_lambda)  # (N, 1), detached
+        phi = vespo_gamma_weights(log_ratio, weight, adv, k_lambda)  # (N, 1), detached
         return vespo_surrogate(phi, logps, adv), {"vespo/phi_seq_mean": phi.mean().item()}
     return clipped_surrogate(ratio, adv, p.epsilon_low, p.eps_high, p.delta), {}
 

@@ -80,19 +80,18 @@ def vespo_gamma_weights(
     log_ratio: torch.Tensor,
     mask: torch.Tensor,
     adv: torch.Tensor,
-    k_pos: float = 2.0,
-    lambda_pos: float = 3.0,
-    k_neg: float = 3.0,
-    lambda_neg: float = 2.0,
+    k_lambda: tuple[float, float, float, float] = (2.0, 3.0, 3.0, 2.0),
 ) -> torch.Tensor:
     """VESPO's detached sequence weight ``phi(w) = exp(lambda) * w**k * exp(-lambda * w)`` ``(N, 1)``.
 
     VESPO (https://arxiv.org/abs/2602.10693): ``w`` is the *sequence* importance ratio
     ``exp(sum_t log rho_t)`` (a product, not GSPO's geometric mean) and ``phi(1) = 1``. As TRL:
     per-token log-ratios are clamped to ``[-20, 20]``, ``log w`` to ``[log 1e-8, 20]``, ``(k,
-    lambda)`` are picked by the sign of ``A`` (``A >= 0``: the ``_pos`` pair), and a non-finite
+    lambda)`` are picked by the sign of ``A`` (``A >= 0``: the ``_pos`` pair); ``k_lambda`` is
+    ``(k_pos, lambda_pos, k_neg, lambda_neg)``, TRL's ``vespo_*`` fields in that order, and a non-finite
     ``phi`` becomes 0.
     """
+    k_pos, lambda_pos, k_neg, lambda_neg = k_lambda
     lower = math.log(1e-8)
     seq_log_ratio = (log_ratio.clamp(-20.0, 20.0) * mask).sum(dim=-1, keepdim=True)  # (N, 1)
     log_w = seq_log_ratio.clamp(lower, 20.0)

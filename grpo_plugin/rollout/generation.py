@@ -13,7 +13,7 @@
   quarter of it, and the loop ends as soon as every row has finished.
 
 The pieces are public for the multi-turn tool loop (`multiturn.py`): `prefill_and_decode` (with
-`drop_finished=False` every row stays in the cache), `continue_decoding` (prefill only the tokens
+`DecodeSpec.drop_finished=False` every row stays in the cache), `continue_decoding` (prefill only the tokens
 appended to some cached rows, then decode them) and `decode` (the loop itself). They talk to
 the cache through transformers' Cache API only (`batch_repeat_interleave`,
 `batch_select_indices`, `get_seq_length` and the model's own `update`).
@@ -21,7 +21,9 @@ the cache through transformers' Cache API only (`batch_repeat_interleave`,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -36,9 +38,9 @@ from .._compat import (
 )
 from .._logging import warn_once
 from ..core.tensors import left_pad, position_ids_from_mask
-from .noise import GeneratorNoise, SamplingNoise
+from .noise import GeneratorNoise
 from .sampler import next_tokens
-from .types import Decoded, RolloutBatch, SamplingParams
+from .types import Decoded, DecodeSpec, GenerationRequest, RolloutBatch
 
 
 class _Decoder:
@@ -76,64 +78,47 @@ def _prefill(decoder, unique_ids, unique_mask, group_size, share):
     return logits, cache, int(mask.sum())
 
 
-def _check_prompts(prompt_ids: list[list[int]], num_generations: int, eos_token_ids: list[int]):
+def _check_prompts(prompt_ids: list[list[int]]) -> None:
     if not prompt_ids or any(len(p) == 0 for p in prompt_ids):
         raise ValueError("prompt_ids must be a non-empty list of non-empty token-id lists.")
-    if num_generations < 1:
-        raise ValueError(f"num_generations must be >= 1, got {num_generations}.")
-    if len(eos_token_ids) == 0:
-        raise ValueError(
-            "eos_token_ids is empty: pass the tokenizer's eos id (and e.g. <|im_end|>)."
-        )
+
+
+def decode_spec(request: GenerationRequest) -> DecodeSpec:
+    """The decode settings of `request`: pad id resolved, noise from `noise` or `generator`."""
+    noise = request.noise if request.noise is not None else GeneratorNoise(request.generator)
+    return DecodeSpec(
+        sampling=request.sampling,
+        eos_token_ids=request.eos_token_ids,
+        pad_token_id=request.pad_id,
+        noise=noise,
+        record_logprobs=request.record_logprobs,
+        on_step=request.on_step,
+    )
 
 
 def generate_groups(
-    model: torch.nn.Module,
-    prompt_ids: list[list[int]],
-    sampling: SamplingParams,
-    *,
-    num_generations: int,
-    eos_token_ids: Sequence[int],
-    pad_token_id: int | None,
-    share_prompt_prefix: bool = True,
-    generator: torch.Generator | None = None,
-    noise: SamplingNoise | None = None,
-    on_step: Callable[[torch.Tensor, list, list], None] | None = None,
+    model: torch.nn.Module, prompt_ids: list[list[int]], request: GenerationRequest
 ) -> RolloutBatch:
-    """Sample `num_generations` completions for each prompt (rows p*G .. p*G+G-1 share prompt p).
+    """Sample `request.num_generations` completions for each prompt (rows p*G .. p*G+G-1 share
+    prompt p).
 
     Runs under `torch.inference_mode`; the returned tensors are ordinary (cloned) tensors, so they
-    can feed a forward pass with grad. `pad_token_id=None` falls back to the first eos id (models
-    without a pad token). The model's train/eval mode is left as it is. The sampling uniforms come
-    from `noise` (one row per completion, e.g. `KeyedNoise`), else from `generator` in call order.
-    `on_step(finished, tokens, live)` is called after every decode step (see `decode`).
+    can feed a forward pass with grad. The model's train/eval mode is left as it is. The sampling
+    uniforms come from `request.noise` (one row per completion, e.g. `KeyedNoise`), else from
+    `request.generator` in call order; `request.on_step` runs after every decode step.
     """
-    eos_token_ids = list(eos_token_ids)
-    _check_prompts(prompt_ids, num_generations, eos_token_ids)
-    pad_id = eos_token_ids[0] if pad_token_id is None else int(pad_token_id)
+    _check_prompts(prompt_ids)
     keep_bnb_4bit_weights_trainable(model)
-    noise = noise if noise is not None else GeneratorNoise(generator)
-    batch = _generate(
-        model,
-        prompt_ids,
-        num_generations,
-        eos_token_ids,
-        pad_id,
-        sampling,
-        noise,
-        share_prompt_prefix,
-        on_step,
-    )
+    batch = _generate(model, prompt_ids, request, decode_spec(request))
     for name in RolloutBatch.ROW_FIELDS:
         setattr(batch, name, getattr(batch, name).clone())  # inference tensors -> normal tensors
     return batch
 
 
 @torch.inference_mode()
-def _generate(model, prompt_ids, group, eos_token_ids, pad_id, sampling, noise, share, on_step):
-    ids, mask, out, prefilled = prefill_and_decode(
-        model, prompt_ids, group, eos_token_ids, pad_id, sampling, noise, share, on_step=on_step
-    )
+def _generate(model, prompt_ids, request: GenerationRequest, spec: DecodeSpec) -> RolloutBatch:
+    group, share = request.num_generations, request.share_prompt_prefix
+    ids, mask, out, prefilled = prefill_and_decode(model, prompt_ids, group, spec, share)
     completion_mask = out.live.long()  # (N, Tc)
     return RolloutBatch(
         prompt_ids=ids,
@@ -148,119 +133,80 @@ def _generate(model, prompt_ids, group, eos_token_ids, pad_id, sampling, noise, 
 
 @torch.inference_mode()
 def prefill_and_decode(
-    model,
-    prompt_ids,
-    group,
-    eos_token_ids,
-    pad_id,
-    sampling,
-    noise,
-    share,
-    drop_finished=True,
-    record_logprobs=False,
-    on_step=None,
+    model: torch.nn.Module,
+    prompt_ids: list[list[int]],
+    group: int,
+    spec: DecodeSpec,
+    share: bool = True,
 ) -> tuple[torch.LongTensor, torch.LongTensor, Decoded, int]:
-    """Prefill the prompts (once per group with `share`) and decode their N = P * G rows:
+    """Prefill the P prompts (once per group with `share`) and decode their N = P * G rows:
     `(prompt ids (N, Lp), prompt mask (N, Lp), Decoded, prefilled tokens)`. The multi-turn loop
-    keeps every row in the cache (`drop_finished=False`) to continue it after a tool call."""
+    keeps every row in the cache (`spec.drop_finished=False`) to continue it after a tool call."""
     device = next(unwrap_peft(model).parameters()).device
-    noise = noise.to(device)
-    unique_ids, unique_mask = left_pad(prompt_ids, pad_id, device)  # (P, Lp)
+    spec = replace(spec, noise=spec.noise.to(device))
+    unique_ids, unique_mask = left_pad(prompt_ids, spec.pad_token_id, device)  # (P, Lp)
     ids = unique_ids.repeat_interleave(group, 0)  # (N, Lp)
     mask = unique_mask.repeat_interleave(group, 0)  # (N, Lp)
     decoder = _Decoder(model)
     logits, cache, prefilled = _prefill(decoder, unique_ids, unique_mask, group, share)
     seen = None
-    if sampling.repetition_penalty != 1.0:
-        seen = torch.zeros(logits.shape, dtype=torch.bool, device=device)
+    if spec.sampling.repetition_penalty != 1.0:
+        seen = torch.zeros(logits.shape, dtype=torch.bool, device=device)  # (N, V)
         seen.scatter_(1, ids, mask.bool())  # pad columns scatter False: only real tokens count
-    out = decode(
-        decoder,
-        logits,
-        cache,
-        mask,
-        sampling,
-        noise,
-        eos_token_ids,
-        pad_id,
-        seen,
-        drop_finished=drop_finished,
-        record_logprobs=record_logprobs,
-        on_step=on_step,
-    )
+    out = decode(decoder, logits, cache, mask, spec, seen)
     return ids, mask, out, prefilled
 
 
 @torch.inference_mode()
 def continue_decoding(
-    model,
-    cache,
-    attention,
-    appended_ids,
-    appended_mask,
-    sampling,
-    *,
-    eos_token_ids,
-    pad_token_id,
-    noise,
-    seen=None,
-    record_logprobs=False,
+    model: torch.nn.Module,
+    cache: Any,
+    attention: torch.LongTensor,
+    appended: tuple[torch.LongTensor, torch.LongTensor],
+    spec: DecodeSpec,
+    seen: torch.Tensor | None = None,
 ) -> Decoded:
     """Continue A cached rows after new tokens (a tool result and the template glue around it).
 
     `cache` holds exactly these A rows and `attention` `(A, W)` says which of its columns each
-    row attends to. Only `appended_ids` `(A, B)` are prefilled (left-padded inside the block:
-    `appended_mask` is 0 on the padding), then the rows decode as in `decode`, every row kept in
-    the cache. Positions come from the mask, so each row continues at its own length.
+    row attends to. Only `appended = (ids, mask)`, `(A, B)` each, are prefilled (left-padded
+    inside the block, as `left_pad` returns them: the mask is 0 on the padding), then the rows
+    decode as in `decode`, every row kept in the cache (whatever `spec.drop_finished` says).
+    Positions come from the mask, so each row continues at its own length.
     """
+    appended_ids, appended_mask = appended
     decoder = _Decoder(model)
     attention = torch.cat([attention, appended_mask], dim=1)  # (A, W + B)
     positions = position_ids_from_mask(attention)[:, -appended_ids.shape[1] :]  # (A, B)
     logits, cache = decoder(appended_ids, attention, positions, cache)
-    return decode(
-        decoder,
-        logits,
-        cache,
-        attention,
-        sampling,
-        noise,
-        eos_token_ids,
-        pad_token_id,
-        seen,
-        drop_finished=False,
-        record_logprobs=record_logprobs,
-    )
+    spec = replace(spec, drop_finished=False)
+    return decode(decoder, logits, cache, attention, spec, seen)
 
 
 def decode(
-    decoder,
-    logits,
-    cache,
-    attention,
-    sampling,
-    noise,
-    eos_token_ids,
-    pad_id,
-    seen=None,
-    *,
-    drop_finished=True,
-    record_logprobs=False,
-    on_step=None,
+    decoder: Callable,
+    logits: torch.Tensor,
+    cache: Any,
+    attention: torch.LongTensor,
+    spec: DecodeSpec,
+    seen: torch.Tensor | None = None,
 ) -> Decoded:
     """The decode loop over A rows, from the last-position `logits` `(A, V)` of what `cache` holds
-    (`attention` `(A, W)`). Rows stop at any eos id; with `drop_finished`, finished rows leave the
-    batch and the cache once they are a quarter of it. Row a reads `noise.uniforms([a], t)`.
-    `on_step(finished (N,), tokens, live)` runs after each step: the step tensors so far, (N,)
-    each (overlapped scoring reads the rows that have finished)."""
+    (`attention` `(A, W)`). Rows stop at any eos id; with `spec.drop_finished`, finished rows
+    leave the batch and the cache once they are a quarter of it. Row a reads
+    `spec.noise.uniforms([a], t)`. `spec.on_step(finished (N,), tokens, live)` runs after each
+    step: the step tensors so far, (N,) each (overlapped scoring reads the rows that have
+    finished). `seen` `(A, V)` (the repetition penalty's tokens so far) is updated in place."""
+    sampling, noise, pad_id = spec.sampling, spec.noise, spec.pad_token_id
     rows = logits.shape[0]
     device = logits.device
-    eos = torch.tensor(list(eos_token_ids), device=device)
+    eos = torch.tensor(list(spec.eos_token_ids), device=device)
     # The decode loop runs on the `active` rows only: finished rows are dropped from the batch
     # (and the KV cache) once they make up a quarter of it, so short completions stop costing.
     active = torch.arange(rows, device=device)  # (A,) row index of each decoded row
     first_position = attention.sum(-1)  # (A,) position of each row's next token
     finished = torch.zeros(rows, dtype=torch.bool, device=device)  # (N,)
-    drop = drop_finished and can_drop_cache_rows(cache)
+    drop = spec.drop_finished and can_drop_cache_rows(cache)
     tokens, live, logps = [], [], []
     for step in range(sampling.max_new_tokens):
         uniforms = None if sampling.greedy else noise.uniforms(active, step)  # (A,)
@@ -270,11 +216,11 @@ def decode(
         step_tokens = step_tokens.masked_fill(finished, pad_id)  # (N,)
         tokens.append(step_tokens)
         live.append(~finished)
-        if record_logprobs:
+        if spec.record_logprobs:
             logps.append(_picked_logprobs(logits, picked, active, rows))
         finished = finished | torch.isin(step_tokens, eos)
-        if on_step is not None:
-            on_step(finished, tokens, live)
+        if spec.on_step is not None:
+            spec.on_step(finished, tokens, live)
         if bool(finished.all()) or step == sampling.max_new_tokens - 1:
             break
         done = finished[active]  # (A,)
@@ -295,7 +241,7 @@ def decode(
         finished=finished,
         cache=cache,
         attention=attention,
-        logprobs=torch.stack(logps, dim=1) if record_logprobs else None,
+        logprobs=torch.stack(logps, dim=1) if spec.record_logprobs else None,
     )
 
 

@@ -34,10 +34,10 @@ from .._compat import unwrap_peft
 from ..core.tensors import left_pad
 from .chat_tools import ToolFormat, assistant_message, parse_tool_calls
 from .environments import Environments, with_observation
-from .generation import continue_decoding, prefill_and_decode
-from .noise import GeneratorNoise, SamplingNoise, ShiftedNoise
+from .generation import continue_decoding, decode_spec, prefill_and_decode
+from .noise import ShiftedNoise
 from .tools import Tool, run_calls, toolbox
-from .types import Decoded, RolloutBatch, SamplingParams, ToolCall, Trajectory
+from .types import Decoded, DecodeSpec, GenerationRequest, RolloutBatch, ToolCall, Trajectory
 
 # The tool loop's defaults, in one place: `GRPOConfig` and the CLI read them from here.
 DEFAULT_TOOL_TIMEOUT_S = 10.0  # seconds one round of tool calls may take
@@ -98,13 +98,11 @@ def _groups_share(prompt_ids: list[list[int]], group: int) -> bool:
 class _Loop:
     """The loop's state: trajectories, the cache of the rows still going, and the counters."""
 
-    def __init__(
-        self, model, tokenizer, setup: ToolSetup, sampling, prompts, boxes, eos, pad, noise, record
-    ):
+    def __init__(self, model, tokenizer, setup: ToolSetup, spec: DecodeSpec, prompts, boxes):
         self.model, self.tokenizer, self.setup = model, tokenizer, setup
-        self.sampling, self.prompts, self.boxes = sampling, prompts, boxes
-        self.eos, self.pad, self.noise, self.record = eos, pad, noise, record
-        self.max_len = sampling.max_new_tokens  # every token after the prompt, sampled or not
+        self.spec, self.prompts, self.boxes = spec, prompts, boxes
+        self.sampling, self.noise, self.pad = spec.sampling, spec.noise, spec.pad_token_id
+        self.max_len = spec.sampling.max_new_tokens  # every token after the prompt, sampled or not
         self.traj = [Trajectory() for _ in boxes]
         self.logps: list[list[float]] = [[] for _ in boxes]
         self.prefilled = self.reused = 0
@@ -170,19 +168,8 @@ class _Loop:
         sampling = replace(self.sampling, max_new_tokens=int(self.max_len - used.min()))
         noise = ShiftedNoise(self.noise, torch.tensor(next_rows), used).to(attention.device)
         seen = self._seen(next_rows, attention.device) if sampling.repetition_penalty != 1 else None
-        decoded = continue_decoding(
-            self.model,
-            out.cache,
-            attention,
-            ids,
-            mask,
-            sampling,
-            eos_token_ids=self.eos,
-            pad_token_id=self.pad,
-            noise=noise,
-            seen=seen,
-            record_logprobs=self.record,
-        )
+        spec = replace(self.spec, sampling=sampling, noise=noise)
+        decoded = continue_decoding(self.model, out.cache, attention, (ids, mask), spec, seen)
         return next_rows, decoded
 
     def _seen(self, rows: list[int], device) -> torch.Tensor:
@@ -201,43 +188,18 @@ def run_tool_loop(
     prompt_ids: list[list[int]],
     boxes: list[dict[str, Tool]],
     setup: ToolSetup,
-    sampling: SamplingParams,
-    *,
-    group: int,
-    eos_token_ids: list[int],
-    pad_token_id: int,
-    share_prompt_prefix: bool = True,
-    noise: SamplingNoise | None = None,
-    record_logprobs: bool = False,
+    request: GenerationRequest,
 ) -> ToolLoopResult:
-    """Run the loop on N = len(prompt_ids) rows (rows p*G .. p*G+G-1 are prompt p's samples;
-    a group whose prompts differ, e.g. after an environment's reset, is prefilled row by row)."""
-    noise = noise if noise is not None else GeneratorNoise(None)
+    """Run the loop on N = len(prompt_ids) rows (rows p*G .. p*G+G-1 are prompt p's samples,
+    G = `request.num_generations`; a group whose prompts differ, e.g. after an environment's
+    reset, is prefilled row by row). `request.pad_token_id` must be set; `on_step` is not used."""
+    group = request.num_generations
+    spec = replace(decode_spec(request), drop_finished=False, on_step=None)
     shared = _groups_share(prompt_ids, group)
     unique = prompt_ids[::group] if shared else prompt_ids
-    loop = _Loop(
-        model,
-        tokenizer,
-        setup,
-        sampling,
-        prompt_ids,
-        boxes,
-        eos_token_ids,
-        pad_token_id,
-        noise,
-        record_logprobs,
-    )
+    loop = _Loop(model, tokenizer, setup, spec, prompt_ids, boxes)
     ids, mask, out, loop.prefilled = prefill_and_decode(
-        model,
-        unique,
-        group if shared else 1,
-        eos_token_ids,
-        pad_token_id,
-        sampling,
-        noise,
-        share_prompt_prefix,
-        drop_finished=False,
-        record_logprobs=record_logprobs,
+        model, unique, group if shared else 1, spec, request.share_prompt_prefix
     )
     rows, width, rounds = list(range(len(prompt_ids))), mask.shape[1], 0
     with torch.inference_mode():
@@ -258,7 +220,7 @@ def run_tool_loop(
         trajectories=loop.traj,
         num_prefill_tokens=loop.prefilled,
         num_reused_tokens=loop.reused,
-        logprobs=loop.logps if record_logprobs else None,
+        logprobs=loop.logps if spec.record_logprobs else None,
     )
 
 

@@ -10,15 +10,12 @@ passes it: assistant turns (with their `tool_calls`) and `tool` results.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from .generation import generate_groups
-from .multiturn import ToolSetup, pack, run_tool_loop
-from .noise import GeneratorNoise, SamplingNoise
-from .types import Rollout, RolloutBatch, SamplingParams
+from .multiturn import pack, run_tool_loop
+from .noise import SamplingNoise
+from .types import GenerationRequest, GroupSampling, Rollout, RolloutBatch, StepHook
 
 
 def prompt_problem(prompt: Any) -> str | None:
@@ -86,70 +83,43 @@ def sample_groups(
     model,
     tokenizer,
     rows: list[dict[str, Any]],
-    sampling: SamplingParams,
+    settings: GroupSampling,
     *,
-    num_generations: int,
-    max_prompt_length: int | None = None,
-    chat_template_kwargs: dict[str, Any] | None = None,
-    share_prompt_prefix: bool = True,
-    generator: torch.Generator | None = None,
     noise: SamplingNoise | None = None,
-    tools: ToolSetup | None = None,
-    on_step: Callable | None = None,
+    on_step: StepHook | None = None,
 ) -> Rollout:
-    """Sample G completions for each dataset row and decode them (an unscored `Rollout`); with
-    `tools`, G multi-turn exchanges (`multiturn.py`). `on_step` (single-turn only) is called
-    after each decode step (`generation.decode`)."""
-    if tools is not None:
-        return _sample_with_tools(
-            model,
-            tokenizer,
-            rows,
-            sampling,
-            tools,
-            num_generations,
-            max_prompt_length,
-            chat_template_kwargs,
-            share_prompt_prefix,
-            noise or GeneratorNoise(generator),
-        )
+    """Sample G = `settings.num_generations` completions for each dataset row and decode them (an
+    unscored `Rollout`); with `settings.tools`, G multi-turn exchanges (`multiturn.py`). The draws
+    come from `noise` (None: torch's global generator, in call order). `on_step` (single-turn
+    only) is called after each decode step (`generation.decode`)."""
+    if settings.tools is not None:
+        return _sample_with_tools(model, tokenizer, rows, settings, noise)
     prompt_ids = encode_prompts(
         tokenizer,
         [r["prompt"] for r in rows],
-        max_prompt_length=max_prompt_length,
-        chat_template_kwargs=chat_template_kwargs,
+        max_prompt_length=settings.max_prompt_length,
+        chat_template_kwargs=settings.chat_template_kwargs,
     )
-    batch = generate_groups(
-        model,
-        prompt_ids,
-        sampling,
-        num_generations=num_generations,
+    request = GenerationRequest(
+        sampling=settings.sampling,
+        num_generations=settings.num_generations,
         eos_token_ids=eos_token_ids(model, tokenizer),
         pad_token_id=tokenizer.pad_token_id,
-        share_prompt_prefix=share_prompt_prefix,
-        generator=generator,
+        share_prompt_prefix=settings.share_prompt_prefix,
         noise=noise,
         on_step=on_step,
     )
-    repeated = [r for r in rows for _ in range(num_generations)]
+    batch = generate_groups(model, prompt_ids, request)
+    repeated = [r for r in rows for _ in range(settings.num_generations)]
     prompts = [r["prompt"] for r in repeated]
     completions, ids = decode_completions(tokenizer, prompts, batch)
     columns = {k: [r[k] for r in repeated] for k in rows[0] if k != "prompt"}
     return Rollout(rows, batch, prompts, completions, ids, columns)
 
 
-def _sample_with_tools(
-    model,
-    tokenizer,
-    rows,
-    sampling,
-    setup: ToolSetup,
-    group,
-    max_prompt_length,
-    template_kwargs,
-    share,
-    noise,
-) -> Rollout:
+def _sample_with_tools(model, tokenizer, rows, settings: GroupSampling, noise) -> Rollout:
+    setup, group = settings.tools, settings.num_generations
+    max_prompt_length, template_kwargs = settings.max_prompt_length, settings.chat_template_kwargs
     repeated = [r for r in rows for _ in range(group)]
     prompts, boxes, environments = setup.start(repeated)
     prompt_ids = []
@@ -159,19 +129,15 @@ def _sample_with_tools(
         prompt_ids.append(ids[-max_prompt_length:] if max_prompt_length else ids)
     eos = sorted(set(eos_token_ids(model, tokenizer)) | set(setup.format.stop_token_ids(tokenizer)))
     pad = eos[0] if tokenizer.pad_token_id is None else tokenizer.pad_token_id
-    result = run_tool_loop(
-        model,
-        tokenizer,
-        prompt_ids,
-        boxes,
-        setup,
-        sampling,
-        group=group,
+    request = GenerationRequest(
+        sampling=settings.sampling,
+        num_generations=group,
         eos_token_ids=eos,
         pad_token_id=pad,
-        share_prompt_prefix=share,
+        share_prompt_prefix=settings.share_prompt_prefix,
         noise=noise,
     )
+    result = run_tool_loop(model, tokenizer, prompt_ids, boxes, setup, request)
     completions = [t.messages for t in result.trajectories]
     ids = [t.ids for t in result.trajectories]
     columns = {k: [r[k] for r in repeated] for k in rows[0] if k != "prompt"}

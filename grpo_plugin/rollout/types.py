@@ -3,6 +3,10 @@
     SamplingParams --generate_groups--> RolloutBatch --decode, score--> Rollout
                    --advantages, reference log-probs--> TrainingBatch --micro-batches--> the loss
 
+The settings travel as parameter objects, not long argument lists: `GroupSampling` (what
+`prompts.sample_groups` needs from the run), `GenerationRequest` (what `generate_groups` samples)
+and `DecodeSpec` (one decode run, resolved: pad id, noise source; the tool loop makes one a turn).
+
 With tools (`multiturn.py`) each row is a `Trajectory` (sampled turns, tool results and template
 glue) of `ToolCall`s and `ToolResult`s, decoded turn by turn (`Decoded`), and packed into the same
 `RolloutBatch`: its completion is everything after the prompt, and `sampled_mask` marks the tokens
@@ -15,12 +19,19 @@ As in torchtune's `GRPOTrajectory`, every field says its shape.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..core.tensors import pad_columns
+
+if TYPE_CHECKING:  # annotations only
+    from .noise import SamplingNoise
+
+# on_step(finished (N,), tokens, live): the step tensors so far, (N,) each
+StepHook = Callable[[torch.Tensor, list, list], None]
 
 
 @dataclass(frozen=True)
@@ -63,6 +74,74 @@ class SamplingParams:
         return self.temperature == 0
 
 
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What `generation.generate_groups` samples: G completions of each prompt, and how.
+
+    Validated here (G >= 1, at least one eos id). `noise` wins over `generator`; with neither the
+    draws come from torch's global generator, in call order.
+    """
+
+    sampling: SamplingParams
+    num_generations: int  # G: rows p*G .. p*G+G-1 are prompt p's samples
+    eos_token_ids: tuple[int, ...]  # a completion ends at ANY of them (stored as a tuple)
+    pad_token_id: int | None = None  # None: the first eos id (models without a pad token)
+    share_prompt_prefix: bool = True  # prefill each distinct prompt once, expand its KV cache
+    generator: torch.Generator | None = None  # draws in call order (`GeneratorNoise`)
+    noise: SamplingNoise | None = None  # one row of uniforms per completion (e.g. `KeyedNoise`)
+    on_step: StepHook | None = None  # called after every decode step (`generation.decode`)
+    record_logprobs: bool = False  # the tool loop returns them; `generate_groups` ignores it
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "eos_token_ids", tuple(int(i) for i in self.eos_token_ids))
+        if self.num_generations < 1:
+            raise ValueError(f"num_generations must be >= 1, got {self.num_generations}.")
+        if not self.eos_token_ids:
+            raise ValueError(
+                "eos_token_ids is empty: pass the tokenizer's eos id (and e.g. <|im_end|>)."
+            )
+
+    @property
+    def pad_id(self) -> int:
+        """The id that fills each row after its end (`pad_token_id`, else the first eos id)."""
+        return self.eos_token_ids[0] if self.pad_token_id is None else int(self.pad_token_id)
+
+
+@dataclass(frozen=True)
+class DecodeSpec:
+    """How one decode run (`generation.decode`) picks tokens and when its rows stop.
+
+    Built from a `GenerationRequest` with everything resolved (pad id, noise source); the tool
+    loop builds one per turn (less budget left, draws shifted to each row's position).
+    """
+
+    sampling: SamplingParams
+    eos_token_ids: tuple[int, ...]  # a row stops at any of them
+    pad_token_id: int  # fills each row after its end
+    noise: SamplingNoise  # row a at step t reads `noise.uniforms([a], t)`
+    drop_finished: bool = True  # finished rows leave the batch and the KV cache
+    record_logprobs: bool = False  # keep log pi(token) at temperature 1 (`Decoded.logprobs`)
+    on_step: StepHook | None = None  # called after every step
+
+
+@dataclass(frozen=True)
+class GroupSampling:
+    """The run's settings for `prompts.sample_groups`: dataset rows in, G completions each out.
+
+    Training builds it with `training.sampling.rollouts.group_sampling(args, tools)`;
+    evaluation builds its own (its G, its sampling).
+    """
+
+    sampling: SamplingParams
+    num_generations: int  # G completions per row
+    max_prompt_length: int | None = None  # keep the last tokens of a longer prompt
+    chat_template_kwargs: dict[str, Any] | None = None  # passed to apply_chat_template
+    share_prompt_prefix: bool = True  # prefill each prompt once per group
+    # A `multiturn.ToolSetup` for multi-turn tool calling, None: one turn. Typed Any because
+    # multiturn imports this module, and the import-cycle test counts TYPE_CHECKING imports too.
+    tools: Any = None
+
+
 @dataclass
 class RolloutBatch:
     """The token tensors of G sampled completions for each of P prompts (generation's output).
@@ -92,6 +171,15 @@ class RolloutBatch:
     def model_mask(self) -> torch.LongTensor:
         """`(N, Tc)` the tokens the policy sampled: the ones the loss may train."""
         return self.completion_mask if self.sampled_mask is None else self.sampled_mask
+
+    def loss_mask(self, mask_truncated: bool) -> torch.LongTensor:
+        """`(N, Tc)` the tokens the loss trains: the sampled ones (no tool results, no `env_mask`
+        0s), and with `mask_truncated` none of a completion that hit max_new_tokens (TRL's
+        `mask_truncated_completions`). The one place this mask is built."""
+        mask = self.model_mask.clone()
+        if mask_truncated:
+            mask[self.is_truncated] = 0
+        return mask
 
     def row_fields(self) -> tuple[str, ...]:
         """The names of the per-row tensors this batch holds."""
@@ -154,6 +242,11 @@ class TrainingBatch:
     sampled_mask: torch.LongTensor | None = None  # (N, Tc) tokens the policy sampled (tools)
     old_logps: torch.Tensor | None = None  # (N, Tc) behaviour policy, only when a rollout is reused
     ref_logps: torch.Tensor | None = None  # (N, Tc) reference policy, only when beta > 0
+
+    @property
+    def model_mask(self) -> torch.LongTensor:
+        """`(N, Tc)` the tokens the policy sampled (as `RolloutBatch.model_mask`)."""
+        return self.completion_mask if self.sampled_mask is None else self.sampled_mask
 
     def _tensors(self) -> dict[str, torch.Tensor]:
         return {

@@ -236,7 +236,8 @@ def _probe(trainer: Any, prompt: list[int], rows: int) -> float:
 
     def step() -> None:
         with trainer.compute_loss_context_manager():
-            logps, entropy, *_ = trainer.probe_logps(model, batch)
+            out = trainer.probe_logps(model, batch)
+            logps, entropy = out.logps, out.entropy
         (logps.sum() + (entropy.sum() if entropy.requires_grad else 0.0)).backward()
 
     was_training = model.training

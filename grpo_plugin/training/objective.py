@@ -108,9 +108,7 @@ class TrainingObjective:
         elif self.params.loss_type == "bnpo":  # per-token mean over the micro-batch
             loss = loss * self._global_share(mask)
         metrics = _loss_metrics(stats)
-        valid = (  # every sampled completion token, as TRL's `entropy` (tool results excluded)
-            batch.completion_mask if batch.sampled_mask is None else batch.sampled_mask
-        ).bool()
+        valid = batch.model_mask.bool()  # every sampled token, as TRL's `entropy` (no tool results)
         if valid.any():
             metrics["entropy"] = entropy[valid].mean().item()
         if self.entropy.enabled:

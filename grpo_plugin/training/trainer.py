@@ -39,7 +39,7 @@ from ..core.batching import (
     identity_collate,
     shared_group_size,
 )
-from ..core.logprobs import completion_logprobs
+from ..core.logprobs import CompletionLogprobs, completion_logprobs
 from ..rollout.dynamic_sampling import refill
 from ..rollout.noise import KeyedNoise, RolloutKey
 from ..rollout.types import Rollout, TrainingBatch
@@ -288,15 +288,12 @@ class GRPOTrainer(Trainer):
         a, b = self.args, rollout.batch
         advantages = rollout_advantages(rollout, a, self.reward_weights)  # (N,)
         guards.check_advantages(advantages, rollout.rewards, self.state.global_step)
-        loss_mask = b.model_mask.clone()  # (N, Tc) sampled tokens only: no tool results
-        if a.mask_truncated_completions:
-            loss_mask[b.is_truncated] = 0
         return TrainingBatch(
             prompt_ids=b.prompt_ids,
             prompt_mask=b.prompt_mask,
             completion_ids=b.completion_ids,
             completion_mask=b.completion_mask,
-            loss_mask=loss_mask,
+            loss_mask=b.loss_mask(a.mask_truncated_completions),  # (N, Tc)
             advantages=advantages.float(),
             sampled_mask=b.sampled_mask,
         ).padded_to_multiple(a.pad_to_multiple_of, self.processing_class.pad_token_id)
@@ -305,11 +302,11 @@ class GRPOTrainer(Trainer):
     def _add_policy_logps(self, batch: TrainingBatch) -> TrainingBatch:
         """Old log-probs when the rollout is reused after an update; reference ones when beta > 0."""
         if self.args.needs_old_logps:
-            batch.old_logps = self._logps(self.model_wrapped, batch)[0]
+            batch.old_logps = self._logps(self.model_wrapped, batch).logps
         if self.args.beta > 0:
             model = self.accelerator.unwrap_model(self.model)
             with reference_mode(model, self.ref_model) as ref:
-                batch.ref_logps = self._logps(ref, batch)[0]
+                batch.ref_logps = self._logps(ref, batch).logps
         return batch
 
     def _write_completions(self, rollout: Rollout, advantages: torch.Tensor, extra: dict) -> None:
@@ -324,8 +321,10 @@ class GRPOTrainer(Trainer):
         return batch.select(order.to(batch.advantages.device))
 
     # --- loss ----------------------------------------------------------------------------------
-    def _logps(self, model, batch: TrainingBatch, entropy: bool = False, loss: bool = False):
-        """(logps, entropy) of `model`, run through its DDP / FSDP wrapper; for the loss also the
+    def _logps(
+        self, model, batch: TrainingBatch, entropy: bool = False, loss: bool = False
+    ) -> CompletionLogprobs:
+        """`CompletionLogprobs` of `model`, run through its DDP / FSDP wrapper; for the loss also the
         MoE aux loss and, if needed, entropy grads."""
         return distributed.forward_through(
             self.accelerator, model, lambda policy: self._policy_logps(policy, batch, entropy, loss)
@@ -370,13 +369,13 @@ class GRPOTrainer(Trainer):
     def compute_loss(
         self, model, inputs: TrainingBatch, return_outputs=False, num_items_in_batch=None
     ):
-        logps, entropy, *aux = self._logps(model, inputs, entropy=True, loss=True)  # (n, Tc)
+        out = self._logps(model, inputs, entropy=True, loss=True)  # (n, Tc) each
         loss, metrics = self._objective(
-            logps,
-            entropy,
+            out.logps,
+            out.entropy,
             inputs,
             self.run_state.loss_tokens_per_slice,
-            *aux,
+            out.aux_loss,
             training=model.training,
         )
         guards.check_loss(loss, self.state.global_step)
@@ -480,15 +479,12 @@ class GRPOTrainer(Trainer):
 
     def run_summary(self) -> dict[str, Any]:
         """The run facts that model cards need (`grpo_run.json`)."""
+        rewards = rundir.reward_summary(
+            self.reward_names, self.reward_weights, self.rewards.model_sources()
+        )
+        model = self.accelerator.unwrap_model(self.model)
         summary = rundir.run_summary(
-            self.args,
-            self.accelerator.unwrap_model(self.model),
-            self.model_name,
-            self.reward_names,
-            self.reward_weights,
-            self.state.global_step,
-            self.dataset_names,
-            self.rewards.model_sources(),
+            self.args, model, self.model_name, self.state.global_step, rewards, self.dataset_names
         )
         summary["evaluation"] = self.eval_watch.summary(self.args, self.state)
         summary["tools"] = [getattr(t, "__name__", repr(t)) for t in self.tools]

@@ -67,9 +67,9 @@ def _lora(model, seed=0):
 
 def _logps_and_lora_grads(model, batch, share):
     model.zero_grad()
-    logps, _ = completion_logprobs(
+    logps = completion_logprobs(
         model, *batch, chunk_size=5, group_size=GROUP, share_prompt_prefix=share
-    )
+    ).logps
     (logps * torch.linspace(0.5, 1.5, logps.numel()).view_as(logps)).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
     return logps.detach(), grads
@@ -86,9 +86,10 @@ def _assert_grads_close(plain, shared, rel=1e-4):
 def test_chunked_logprobs_equal_naive_full_logits(tiny_model, chunk_size):
     batch = _group_batch()
     with torch.no_grad():
-        logps, entropy = completion_logprobs(
+        logps, entropy, aux = completion_logprobs(
             tiny_model, *batch, temperature=0.7, chunk_size=chunk_size, return_entropy=True
         )
+        assert aux is None  # not asked for
         expected, expected_entropy = _naive(tiny_model, *batch, temperature=0.7)
     assert logps.dtype == torch.float32 and logps.shape == batch[2].shape
     torch.testing.assert_close(logps, expected, atol=1e-5, rtol=0)
@@ -110,10 +111,10 @@ def test_padding_is_trimmed_and_padded_back_with_zeros(tiny_model):
         with_kwargs=True,
     )
     with torch.no_grad():
-        logps, _ = completion_logprobs(tiny_model, *padded)
-        reference, _ = completion_logprobs(
+        logps = completion_logprobs(tiny_model, *padded).logps
+        reference = completion_logprobs(
             tiny_model, prompts, prompt_mask, completions, completion_mask
-        )
+        ).logps
     hook.remove()
     assert seen_widths[0] == prompts.size(1) + 4  # the model never saw the extra columns
     assert logps.shape == (prompts.size(0), 7)
@@ -158,9 +159,9 @@ def test_misaligned_groups_fall_back_to_plain(tiny_model):
     prompts[1, -1] = 77  # row 1 no longer shares prompt 0
     batch = (prompts, prompt_mask, completions, completion_mask)
     with torch.no_grad():
-        logps, _ = completion_logprobs(
+        logps = completion_logprobs(
             tiny_model, *batch, group_size=GROUP, share_prompt_prefix=True
-        )
+        ).logps
         expected, _ = _naive(tiny_model, *batch)
     torch.testing.assert_close(logps, expected, atol=1e-5, rtol=0)
 
@@ -176,7 +177,7 @@ def test_no_full_vocab_logits_are_saved_for_backward(tiny_model):
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logps, _ = completion_logprobs(tiny_model, *batch, chunk_size=4)
+        logps = completion_logprobs(tiny_model, *batch, chunk_size=4).logps
     logps.sum().backward()
     assert tiny_model.lm_head.weight.grad.abs().sum() > 0
     # only the (V, H) head weight itself; no (positions, V) logits from the chunked head
@@ -249,7 +250,7 @@ PEAK_RSS_SCRIPT = textwrap.dedent(
     prompts = torch.randint(5, 50000, (4, 16)); completions = torch.randint(5, 50000, (4, 240))
     masks = torch.ones_like(prompts), torch.ones_like(completions)
     base = reset_peak()
-    logps, _ = completion_logprobs(model, prompts, masks[0], completions, masks[1], chunk_size=64)
+    logps = completion_logprobs(model, prompts, masks[0], completions, masks[1], chunk_size=64).logps
     logps.sum().backward()
     chunked = peak_mib() - base
     model.zero_grad(set_to_none=True)
@@ -284,20 +285,20 @@ def test_entropy_with_grad_matches_full_logits_entropy_and_its_gradient(tiny_mod
     mask = batch[3].float()
     _, naive_entropy = _naive(tiny_model, *batch)
     (naive_grad,) = torch.autograd.grad((naive_entropy * mask).sum(), tiny_model.lm_head.weight)
-    _, entropy = completion_logprobs(tiny_model, *batch, chunk_size=4, return_entropy=True,
-                                     entropy_grad=True)  # fmt: skip
+    entropy = completion_logprobs(tiny_model, *batch, chunk_size=4, return_entropy=True,
+                                     entropy_grad=True).entropy  # fmt: skip
     assert entropy.requires_grad
     assert torch.allclose(entropy, naive_entropy, atol=1e-5)
     (grad,) = torch.autograd.grad((entropy * mask).sum(), tiny_model.lm_head.weight)
     assert torch.allclose(grad, naive_grad, atol=1e-5) and grad.abs().sum() > 0
-    _, detached = completion_logprobs(tiny_model, *batch, return_entropy=True)
+    detached = completion_logprobs(tiny_model, *batch, return_entropy=True).entropy
     assert not detached.requires_grad
 
 
 def test_pad_to_multiple_of_keeps_every_value(tiny_model):
     batch = _group_batch(prompt_lengths=(7, 3), width=6)
-    plain, _ = completion_logprobs(tiny_model, *batch)
-    padded, _ = completion_logprobs(tiny_model, *batch, pad_to_multiple_of=4)
+    plain = completion_logprobs(tiny_model, *batch).logps
+    padded = completion_logprobs(tiny_model, *batch, pad_to_multiple_of=4).logps
     assert torch.allclose(plain, padded, atol=1e-5)
 
 
@@ -323,5 +324,5 @@ def test_moe_aux_loss_is_the_models_own_load_balancing_loss():
     assert aux.item() == pytest.approx(out.aux_loss.item(), rel=1e-5) and aux.item() > 1.0
     (grad,) = torch.autograd.grad(aux, model.model.layers[0].mlp.gate.weight)
     assert grad.abs().sum() > 0  # the router learns from it
-    plain, _ = completion_logprobs(model, *batch)
+    plain = completion_logprobs(model, *batch).logps
     assert torch.allclose(logps, plain, atol=1e-5)

@@ -18,7 +18,7 @@ from grpo_plugin.rollout.sampler import (
     filter_top_k_top_p,
     sample_inverse_cdf,
 )
-from grpo_plugin.rollout.types import SamplingParams
+from grpo_plugin.rollout.types import GenerationRequest, SamplingParams
 
 SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "repetition_penalty")
 
@@ -39,7 +39,8 @@ def _generate(model, prompts, **overrides):
         generator=torch.Generator().manual_seed(7),
     )
     kwargs.update({k: v for k, v in overrides.items() if k not in SAMPLING_FIELDS})
-    return generate_groups(model, prompts, SamplingParams(**sampling), **kwargs)
+    request = GenerationRequest(sampling=SamplingParams(**sampling), **kwargs)
+    return generate_groups(model, prompts, request)
 
 
 def _hf_greedy(model, batch, max_new_tokens, eos_ids):
@@ -69,7 +70,7 @@ def test_shared_prefix_is_exact_and_prefills_each_prompt_once(tiny_tokenizer, ti
     logps = [
         completion_logprobs(
             tiny_model, b.prompt_ids, b.prompt_mask, b.completion_ids, b.completion_mask
-        )[0]
+        ).logps
         for b in (shared, plain)
     ]
     torch.testing.assert_close(logps[0], logps[1], atol=5e-5, rtol=0)
@@ -172,9 +173,9 @@ def test_mode_is_kept_and_outputs_can_enter_autograd(tiny_tokenizer, tiny_model)
     batch = _generate(tiny_model, _prompts(tiny_tokenizer))
     assert tiny_model.training
     assert not batch.completion_ids.is_inference()
-    logps, _ = completion_logprobs(
+    logps = completion_logprobs(
         tiny_model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask
-    )
+    ).logps
     logps.sum().backward()
     assert tiny_model.lm_head.weight.grad.abs().sum() > 0
 

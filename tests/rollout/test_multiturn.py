@@ -13,7 +13,7 @@ from grpo_plugin.rollout.chat_tools import resolve_tool_format
 from grpo_plugin.rollout.multiturn import ToolSetup
 from grpo_plugin.rollout.prompts import sample_groups
 from grpo_plugin.rollout.tools import Tool
-from grpo_plugin.rollout.types import SamplingParams
+from grpo_plugin.rollout.types import GenerationRequest, GroupSampling, SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=400, temperature=0.0)
 ROWS = [
@@ -33,7 +33,7 @@ def ids(tokenizer, text: str) -> list[int]:
 
 def run(tokenizer, script, setup, rows=ROWS, group=2, sampling=GREEDY):
     model = scripted_llama(tokenizer, script)
-    rollout = sample_groups(model, tokenizer, rows, sampling, num_generations=group, tools=setup)
+    rollout = sample_groups(model, tokenizer, rows, GroupSampling(sampling, group, tools=setup))
     return model, rollout
 
 
@@ -222,9 +222,8 @@ def test_sampled_turns_draw_at_their_position_in_the_completion(tiny_tokenizer):
     sampling = SamplingParams(max_new_tokens=160, temperature=1.0)
     noise = KeyedNoise.for_prompts(RolloutKey(0, 0), [0, 1], 2, 160)
     model = scripted_llama(tiny_tokenizer, multiply_script)
-    first = sample_groups(
-        model, tiny_tokenizer, ROWS, sampling, num_generations=2, tools=setup, noise=noise
-    )
+    settings = GroupSampling(sampling, num_generations=2, tools=setup)
+    first = sample_groups(model, tiny_tokenizer, ROWS, settings, noise=noise)
     assert [c[-1]["content"] for c in first.completions] == ["It is 5535."] * 2 + ["It is 56."] * 2
     assert torch.equal(first.batch.sampled_mask.sum(1), first.batch.sampled_mask.sum(1))
 
@@ -244,10 +243,8 @@ def test_two_turn_log_probs_from_the_reused_cache_equal_one_full_forward(tiny_to
         setup.format.render_prompt(tiny_tokenizer, p, [multiply_schema()]) for p in prompts
     ]
     end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
-    result = run_tool_loop(
-        model, tiny_tokenizer, prompt_ids, boxes, setup, GREEDY, group=2, eos_token_ids=[end],
-        pad_token_id=tiny_tokenizer.pad_token_id, record_logprobs=True,
-    )  # fmt: skip
+    request = GenerationRequest(GREEDY, 2, [end], tiny_tokenizer.pad_token_id, record_logprobs=True)
+    result = run_tool_loop(model, tiny_tokenizer, prompt_ids, boxes, setup, request)
     worst = 0.0
     for r, t in enumerate(result.trajectories):
         assert t.turns == 2 and sum(1 - s for s in t.sampled) > 0  # a genuine two-turn exchange
@@ -281,9 +278,9 @@ def test_the_training_forward_scores_the_whole_exchange_with_the_prompt_shared(t
     model = scripted_llama(tiny_tokenizer, multiply_script, init=INIT)
     tensors = (b.prompt_ids, b.prompt_mask, b.completion_ids, b.completion_mask)
     with torch.no_grad():
-        shared, _ = completion_logprobs(model, *tensors, group_size=2, share_prompt_prefix=True,
-                                        score_mask=b.sampled_mask)  # fmt: skip
-        plain, _ = completion_logprobs(model, *tensors, score_mask=b.sampled_mask)
+        shared = completion_logprobs(model, *tensors, group_size=2, share_prompt_prefix=True,
+                                        score_mask=b.sampled_mask).logps  # fmt: skip
+        plain = completion_logprobs(model, *tensors, score_mask=b.sampled_mask).logps
     assert (shared - plain).abs().max() < 1e-5
     assert shared[b.sampled_mask == 0].abs().max() == 0  # tool results and glue are not scored
     assert shared[b.sampled_mask == 1].abs().min() > 0

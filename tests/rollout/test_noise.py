@@ -6,7 +6,7 @@ import torch
 
 from grpo_plugin.rollout.generation import generate_groups
 from grpo_plugin.rollout.noise import KeyedNoise, RolloutKey, keyed_generator
-from grpo_plugin.rollout.types import SamplingParams
+from grpo_plugin.rollout.types import GenerationRequest, SamplingParams
 
 KEY = RolloutKey(seed=0, rollout=3)
 
@@ -44,18 +44,17 @@ def test_completions_do_not_depend_on_the_other_prompts_in_the_batch(tiny_tokeni
     prompts = [tiny_tokenizer("12+3=")["input_ids"], tiny_tokenizer("45*6=")["input_ids"]]
     sampling = SamplingParams(max_new_tokens=12, temperature=1.0)
     # make a frequent token act as EOS so rows finish early and are dropped from the batch
-    probe = generate_groups(
-        tiny_model, prompts, sampling, num_generations=4, eos_token_ids=[2], pad_token_id=0,
+    probe = generate_groups(tiny_model, prompts, GenerationRequest(
+        sampling, num_generations=4, eos_token_ids=[2], pad_token_id=0,
         noise=KeyedNoise.for_prompts(KEY, [0, 1], 4, 12),
-    )  # fmt: skip
+    ))  # fmt: skip
     eos = int(probe.completion_ids[0, 2])
 
     def run(prompt_ids, indices):
         noise = KeyedNoise.for_prompts(KEY, indices, 4, 12)
-        return generate_groups(
-            tiny_model, prompt_ids, sampling, num_generations=4, eos_token_ids=[2, eos],
-            pad_token_id=0, noise=noise,
-        )  # fmt: skip
+        return generate_groups(tiny_model, prompt_ids, GenerationRequest(
+            sampling, num_generations=4, eos_token_ids=[2, eos], pad_token_id=0, noise=noise,
+        ))  # fmt: skip
 
     both, alone = run(prompts, [0, 1]), run(prompts[1:], [1])
     assert not both.is_truncated.all()  # some rows did finish early

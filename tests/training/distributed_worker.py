@@ -242,24 +242,24 @@ def sharded_policy_step(model, tokenizer, prompt_index: int, accelerator=None, r
     from grpo_plugin.core.logprobs import completion_logprobs
     from grpo_plugin.rollout.noise import KeyedNoise, RolloutKey
     from grpo_plugin.rollout.prompts import sample_groups
-    from grpo_plugin.rollout.types import SamplingParams
+    from grpo_plugin.rollout.types import GroupSampling, SamplingParams
     from grpo_plugin.training.distributed import forward_through, full_parameters, shares_prefix
 
     noise = KeyedNoise.for_prompts(RolloutKey(0, 0), [prompt_index], 8, 8)
     model.eval()
     with full_parameters(accelerator, model):
         for _ in range(rounds):  # a different number of forward passes on each process
+            settings = GroupSampling(SamplingParams(8), num_generations=8)
             rollout = sample_groups(
-                model, tokenizer, [SEVEN_DATA[prompt_index]], SamplingParams(8),
-                num_generations=8, noise=noise,
-            )  # fmt: skip
+                model, tokenizer, [SEVEN_DATA[prompt_index]], settings, noise=noise
+            )
     b = rollout.batch
     model.train()
     share = shares_prefix(accelerator, True)
 
     def logps(policy):
         ids = (b.prompt_ids, b.prompt_mask, b.completion_ids, b.completion_mask)
-        return completion_logprobs(policy, *ids, group_size=8, share_prompt_prefix=share)[0]
+        return completion_logprobs(policy, *ids, group_size=8, share_prompt_prefix=share).logps
 
     forward_through(accelerator, model, logps).sum().backward()
     return b.completion_ids

@@ -21,7 +21,7 @@ from grpo_plugin.training.policy import (
 def logps(model, prompt, completion):
     pm, cm = torch.ones_like(prompt), torch.ones_like(completion)
     with torch.no_grad():
-        return completion_logprobs(model, prompt, pm, completion, cm)[0]
+        return completion_logprobs(model, prompt, pm, completion, cm).logps
 
 
 def test_reference_is_the_base_model_with_the_adapter_off(tiny_tokenizer, tmp_path):

@@ -48,7 +48,8 @@ def test_a_training_step_trains_only_the_sampled_tokens(tiny_tokenizer, tmp_path
     assert torch.equal(batch.loss_mask, batch.sampled_mask)
     tool_tokens = batch.completion_mask.bool() & ~batch.sampled_mask.bool()
     assert tool_tokens.sum() > 0  # every completion called the tool: results are in there
-    logps, entropy = trainer._policy_logps(trainer.model, batch, entropy=True, loss=False)
+    out = trainer._policy_logps(trainer.model, batch, entropy=True, loss=False)
+    logps, entropy = out.logps, out.entropy
     assert logps[tool_tokens].abs().max() == 0 and entropy[tool_tokens].abs().max() == 0
     assert logps[batch.sampled_mask.bool()].abs().min() > 0
     # dapo's normaliser is the rollout's sampled-token count

@@ -160,9 +160,7 @@ class SetEvaluator(EvalEngine):
             advantages = rollout_advantages(rollout, a, self.trainer.reward_weights, group_size=k)
         else:
             advantages = torch.zeros(len(rollout.completions), 1)
-        loss_mask = b.model_mask.clone()  # (N, Tc) sampled tokens
-        if a.mask_truncated_completions:
-            loss_mask[b.is_truncated] = 0
+        loss_mask = b.loss_mask(a.mask_truncated_completions)  # (N, Tc)
         tensors = (b.prompt_ids, b.prompt_mask, b.completion_ids, b.completion_mask)
         options = dict(
             temperature=a.temperature,
@@ -172,11 +170,12 @@ class SetEvaluator(EvalEngine):
             score_mask=b.sampled_mask,
         )
         model = self.target.model
-        logps, entropy = completion_logprobs(model, *tensors, return_entropy=True, **options)
+        out = completion_logprobs(model, *tensors, return_entropy=True, **options)
+        logps, entropy = out.logps, out.entropy
         ref_logps = None
         if a.beta > 0:
             with reference_mode(model, self.trainer.ref_model) as reference:
-                ref_logps = completion_logprobs(reference, *tensors, **options)[0]
+                ref_logps = completion_logprobs(reference, *tensors, **options).logps
         loss, stats = policy_loss(
             logps,
             None,

@@ -36,7 +36,7 @@ import torch
 
 from ...rollout.noise import KeyedNoise
 from ...rollout.prompts import sample_groups
-from ...rollout.types import Rollout, SamplingParams
+from ...rollout.types import GroupSampling, Rollout, SamplingParams
 from ..distributed import contiguous_share, failures_shared, full_parameters, gather_objects
 from ..policy import eval_mode
 from ..rewards.scoring import RewardChecks, RewardScorer
@@ -243,18 +243,15 @@ class EvalEngine:
         if not sampling.greedy:
             indices = range(first, first + len(rows))
             noise = KeyedNoise.for_evaluation(s.seed, indices, group, sampling.max_new_tokens)
-        return sample_groups(
-            self.target.model,
-            self.target.tokenizer,
-            rows,
+        settings = GroupSampling(
             sampling,
-            num_generations=group,
-            max_prompt_length=s.max_prompt_length,
-            chat_template_kwargs=s.chat_template_kwargs,
-            share_prompt_prefix=s.share_prompt_prefix,
-            noise=noise,
-            tools=self.target.tools,
+            group,
+            s.max_prompt_length,
+            s.chat_template_kwargs,
+            s.share_prompt_prefix,
+            self.target.tools,
         )
+        return sample_groups(self.target.model, self.target.tokenizer, rows, settings, noise=noise)
 
 
 def _summary(totals: EvalTotals, settings: EvalSettings) -> dict[str, float | int]:

@@ -175,21 +175,29 @@ def _objective_summary(args: Any) -> dict[str, Any]:
     }
 
 
+def reward_summary(
+    names: Sequence[str], weights: torch.Tensor, reward_models: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """`grpo_run.json`'s `reward_funcs`: each reward's name and weight; `reward_models` maps the
+    name of each reward that is a reward model to its model id/path."""
+    reward_models = reward_models or {}
+    return [
+        {"name": name, "weight": float(w)}
+        | ({"model": reward_models[name]} if name in reward_models else {})
+        for name, w in zip(names, weights)
+    ]
+
+
 def run_summary(
     args: Any,
     model: Any,
     model_name: str,
-    reward_names: Sequence[str],
-    reward_weights: torch.Tensor,
     global_step: int,
+    reward_funcs: list[dict[str, Any]],
     dataset_names: Sequence[str] = (),
-    reward_models: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The facts written to `grpo_run.json` (read by the card, the plot and `publish`).
-
-    `reward_models` maps the name of each reward that is a reward model to its model id/path.
-    """
-    reward_models = reward_models or {}
+    """The facts written to `grpo_run.json` (read by the card, the plot and `publish`);
+    `reward_funcs` from `reward_summary`."""
     lora = _lora_summary(model)
     embedded = model_name == EMBEDDED_NAME
     return {
@@ -202,11 +210,7 @@ def run_summary(
         "global_step": global_step,
         "max_completion_length": args.max_completion_length,
         "temperature": args.temperature,
-        "reward_funcs": [
-            {"name": name, "weight": float(w)}
-            | ({"model": reward_models[name]} if name in reward_models else {})
-            for name, w in zip(reward_names, reward_weights)
-        ],
+        "reward_funcs": reward_funcs,
         "datasets": list(dataset_names),
         "lora": lora,
         "license": EMBEDDED_LICENSE if embedded else None,

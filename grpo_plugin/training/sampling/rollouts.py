@@ -20,12 +20,27 @@ from typing import Any
 import torch
 
 from ...core.tensors import left_pad
+from ...rollout.multiturn import ToolSetup
 from ...rollout.noise import SamplingNoise
 from ...rollout.prompts import eos_token_ids, sample_groups
-from ...rollout.types import Rollout, RolloutBatch
+from ...rollout.types import GroupSampling, Rollout, RolloutBatch
 from . import overlap
 
 REQUIRED_KEYS = ("prompt_ids", "completion_ids", "logprobs")
+
+
+def group_sampling(args: Any, tools: ToolSetup | None = None) -> GroupSampling:
+    """The `GroupSampling` of a `GRPOConfig`: its sampling params, G, prompt length, template
+    kwargs and prefix sharing, with the run's `tools`. (A function here, not a config method, so
+    the config stays a plain list of fields.)"""
+    return GroupSampling(
+        sampling=args.sampling_params(),
+        num_generations=args.num_generations,
+        max_prompt_length=args.max_prompt_length,
+        chat_template_kwargs=args.chat_template_kwargs,
+        share_prompt_prefix=args.share_prompt_prefix,
+        tools=tools,
+    )
 
 
 class RolloutSampler:
@@ -38,19 +53,8 @@ class RolloutSampler:
         a, tokenizer = self.trainer.args, self.trainer.processing_class
         if self.rollout_func is not None:
             return rollout_from_func(self.rollout_func, rows, self.trainer, a.num_generations)
-        return sample_groups(
-            model,
-            tokenizer,
-            rows,
-            a.sampling_params(),
-            num_generations=a.num_generations,
-            max_prompt_length=a.max_prompt_length,
-            chat_template_kwargs=a.chat_template_kwargs,
-            share_prompt_prefix=a.share_prompt_prefix,
-            noise=noise,
-            tools=self.tool_setup,
-            on_step=on_step,
-        )
+        settings = group_sampling(a, self.tool_setup)
+        return sample_groups(model, tokenizer, rows, settings, noise=noise, on_step=on_step)
 
     def sample_and_score(self, model, rows, noise, rewards) -> tuple[Rollout, dict[str, float]]:
         """The scored rollout and its seconds (`generate_s`, `reward_s`; with `overlap_scoring`
