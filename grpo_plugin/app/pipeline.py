@@ -24,6 +24,7 @@ import yaml
 import reward_fns
 
 from ..training import distributed
+from ..training.callbacks import evaluation_progress
 from ..training.run import lock as run_lock
 from ..training.run import rundir
 from .data import dataset_hub_ids, dataset_label
@@ -75,7 +76,7 @@ def _evaluate(trainer, dataset, reward_fn: Callable, recipe: Recipe, label: str)
     spec["share_prompt_prefix"] = recipe.config.share_prompt_prefix
     spec["checks"] = trainer.rewards.checks  # reward_timeout and the non-finite checks hold here
     total = len(dataset) if trainer.accelerator.num_processes == 1 else None
-    with trainer.evaluation_progress(label, total) as advance:
+    with evaluation_progress(trainer, label, total) as advance:
         spec["progress"] = advance
         result = evaluate(model, trainer.processing_class, dataset, reward_fn, **spec)
     keep = ("accuracy", "n", "tool_call_rate", "tool_calls")

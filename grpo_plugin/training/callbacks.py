@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
+from typing import Any
 
 from transformers import TrainerCallback
 
@@ -135,3 +136,12 @@ class SyncRefModelCallback(TrainerCallback):
 
         if model is not None and state.global_step % self.every == 0:
             mix_reference(self.ref_model, model, self.alpha)
+
+
+def evaluation_progress(trainer: Any, label: str, total: int | None):
+    """A context yielding `advance(prompts)` that moves an evaluation line on the trainer's rich
+    progress bar (on the main process with progress bars on), else a no-op."""
+    bars = [c for c in trainer.callback_handler.callbacks if isinstance(c, RichProgressCallback)]
+    if not bars or not trainer.is_world_process_zero():
+        return nullcontext(lambda n: None)
+    return bars[0].evaluation(label, total)

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ..core.batching import group_permutation
 from ..core.objectives import (
     TOKEN_LEVEL_LOSS_TYPES,
     AdaptiveEntropyCoefficient,
@@ -49,6 +50,32 @@ def rollout_advantages(
         return decoupled_advantages(per_func, weights).reshape(-1)
     grouped = rollout.rewards.view(-1, group)  # (P, G)
     return group_advantages(grouped, estimator=args.estimator).reshape(-1)
+
+
+def training_batch(rollout: Rollout, args: Any, reward_weights, tokenizer) -> TrainingBatch:
+    """The rollout as the loss reads it: advantages `(N,)`, the loss mask `(N, Tc)` (sampled
+    tokens; truncated rows out with `mask_truncated_completions`), padded as configured."""
+    b = rollout.batch
+    advantages = rollout_advantages(rollout, args, reward_weights)  # (N,)
+    return TrainingBatch(
+        prompt_ids=b.prompt_ids,
+        prompt_mask=b.prompt_mask,
+        completion_ids=b.completion_ids,
+        completion_mask=b.completion_mask,
+        loss_mask=b.loss_mask(args.mask_truncated_completions),  # (N, Tc)
+        advantages=advantages.float(),
+        sampled_mask=b.sampled_mask,
+    ).padded_to_multiple(args.pad_to_multiple_of, tokenizer.pad_token_id)
+
+
+def shuffle_for_reuse(batch: TrainingBatch, args: Any, generator: torch.Generator) -> TrainingBatch:
+    """A group-preserving shuffle of a rollout that is trained in several micro-steps."""
+    G = args.num_generations
+    reused = args.num_iterations > 1 or args.steps_per_generation > 1
+    if not reused or args.per_device_train_batch_size % G:
+        return batch
+    order = group_permutation(len(batch), G, generator)
+    return batch.select(order.to(batch.advantages.device))
 
 
 class TrainingObjective:

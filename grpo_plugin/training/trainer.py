@@ -21,7 +21,6 @@ and the sample.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import time
 from collections.abc import Callable, Sequence
@@ -33,29 +32,20 @@ import torch
 from transformers import PreTrainedModel, Trainer
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from ..core.batching import (
-    PromptBatchSampler,
-    group_permutation,
-    identity_collate,
-    shared_group_size,
-)
+from ..core.batching import PromptBatchSampler, identity_collate, shared_group_size
 from ..core.logprobs import CompletionLogprobs, completion_logprobs
 from ..rollout.dynamic_sampling import refill
 from ..rollout.noise import KeyedNoise, RolloutKey
 from ..rollout.types import Rollout, TrainingBatch
 from . import distributed
-from .callbacks import (
-    MetricsJsonlCallback,
-    RichProgressCallback,
-    SyncRefModelCallback,
-)
+from .callbacks import MetricsJsonlCallback, RichProgressCallback, SyncRefModelCallback
 from .config.checks import warn_on_loss_combinations
 from .config.grpo_config import GRPOConfig
 from .evaluation.setup import check_eval_setup, eval_set_names, prefixed, resolve_eval_metrics
 from .evaluation.watch import RewardHackingCallback
 from .inputs import check_inputs, check_prompt_lengths_of
 from .metrics import MetricsWindow, ZeroStdWatch, reward_metrics
-from .objective import TrainingObjective, rollout_advantages
+from .objective import TrainingObjective, shuffle_for_reuse, training_batch
 from .policy import (
     build_reference,
     eval_mode,
@@ -67,7 +57,7 @@ from .rewards.context import RewardContext
 from .rewards.sources import RewardSources
 from .run import checkpoints, completions_log, guards, lifecycle, rundir
 from .run import lock as run_lock
-from .run.state import RunState
+from .run.state import RunState, mid_rollout
 from .sampling import streaming
 from .sampling.rollouts import RolloutSampler
 from .sampling.tools import ToolInputs
@@ -285,18 +275,9 @@ class GRPOTrainer(Trainer):
         return rollout
 
     def _training_batch(self, rollout: Rollout) -> TrainingBatch:
-        a, b = self.args, rollout.batch
-        advantages = rollout_advantages(rollout, a, self.reward_weights)  # (N,)
-        guards.check_advantages(advantages, rollout.rewards, self.state.global_step)
-        return TrainingBatch(
-            prompt_ids=b.prompt_ids,
-            prompt_mask=b.prompt_mask,
-            completion_ids=b.completion_ids,
-            completion_mask=b.completion_mask,
-            loss_mask=b.loss_mask(a.mask_truncated_completions),  # (N, Tc)
-            advantages=advantages.float(),
-            sampled_mask=b.sampled_mask,
-        ).padded_to_multiple(a.pad_to_multiple_of, self.processing_class.pad_token_id)
+        batch = training_batch(rollout, self.args, self.reward_weights, self.processing_class)
+        guards.check_advantages(batch.advantages, rollout.rewards, self.state.global_step)
+        return batch
 
     @torch.no_grad()
     def _add_policy_logps(self, batch: TrainingBatch) -> TrainingBatch:
@@ -313,12 +294,7 @@ class GRPOTrainer(Trainer):
         completions_log.write_completions(self, rollout, advantages, extra)
 
     def _shuffle_for_reuse(self, batch: TrainingBatch) -> TrainingBatch:
-        a, G = self.args, self.args.num_generations
-        reused = a.num_iterations > 1 or a.steps_per_generation > 1
-        if not reused or a.per_device_train_batch_size % G:
-            return batch
-        order = group_permutation(len(batch), G, self._rollout_key.generator("shuffle"))
-        return batch.select(order.to(batch.advantages.device))
+        return shuffle_for_reuse(batch, self.args, self._rollout_key.generator("shuffle"))
 
     # --- loss ----------------------------------------------------------------------------------
     def _logps(
@@ -331,8 +307,7 @@ class GRPOTrainer(Trainer):
         )
 
     def probe_logps(self, model, batch: TrainingBatch):
-        """The training forward on a probe micro-batch of `len(batch)` rows (autopilot.py): its
-        prompt shared as a micro-batch of that size would share it."""
+        """The training forward on the autopilot's probe micro-batch (prompt shared as in training)."""
         share = shared_group_size(self.args.num_generations, len(batch))
         sharing = self.args.share_prompt_prefix and (share or 0) >= 2  # 1 row: plain, no warning
         return self._policy_logps(model, batch, True, True, sharing=(share, sharing))
@@ -397,14 +372,6 @@ class GRPOTrainer(Trainer):
 
         return evaluate_trainer(self, eval_dataset, metric_key_prefix)
 
-    def evaluation_progress(self, label: str, total: int | None):
-        """A context yielding `advance(prompts)` that moves an evaluation line on the rich
-        progress bar (on the main process with progress bars on), else a no-op."""
-        bars = [c for c in self.callback_handler.callbacks if isinstance(c, RichProgressCallback)]
-        if not bars or not self.is_world_process_zero():
-            return contextlib.nullcontext(lambda n: None)
-        return bars[0].evaluation(label, total)
-
     # --- the run: resume, signals, atomic checkpoints (lifecycle.py) ----------------------------
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs):
         """`Trainer.train`, plus: the output dir locked (one run at a time, no silent rerun
@@ -419,7 +386,7 @@ class GRPOTrainer(Trainer):
         lifecycle.save_checkpoint(self, lambda d: self._save_staged(model, trial, d))
 
     def _save_staged(self, model, trial, staging: str) -> None:
-        """The Trainer's own checkpoint saving, into the staging folder (pushed once renamed)."""
+        """The Trainer's own checkpoint saving, into `staging` (pushed once renamed)."""
         push, self.args.push_to_hub = self.args.push_to_hub, False
         self._staging_dir = staging
         try:
@@ -428,12 +395,9 @@ class GRPOTrainer(Trainer):
             self._staging_dir, self.args.push_to_hub = None, push
 
     def save_run_state(self, checkpoint: Path) -> None:
-        """This process's `RunState` (and, on the main process, the loss's entropy state) into a
-        checkpoint folder being written."""
-        a = self.args
-        per_rollout = a.steps_per_generation * a.num_iterations
-        mid_rollout = (self.state.global_step * a.gradient_accumulation_steps) % per_rollout != 0
-        checkpoints.save_state(checkpoint, a.process_index, self.run_state.state_dict(mid_rollout))
+        """This process's `RunState` (main process: also the loss's entropy state) into `checkpoint`."""
+        state = self.run_state.state_dict(mid_rollout(self.args, self.state.global_step))
+        checkpoints.save_state(checkpoint, self.args.process_index, state)
         if self.is_world_process_zero():
             self._objective.save_state(checkpoint)  # TRL's entropy_ctrl_state.json
 
@@ -444,12 +408,7 @@ class GRPOTrainer(Trainer):
         self.args.auto_find_batch_size = False
         if plan is None:
             return
-        self.args.apply_batch_plan(plan.micro_batch, plan.logprob_chunk_size)
-        a = self.args  # the accumulation and rollout steps follow from the kept row counts
-        assert (a.gradient_accumulation_steps, a.steps_per_generation) == (
-            plan.gradient_accumulation_steps,
-            plan.steps_per_generation,
-        ), "the autopilot's plan and the config disagree on the derived sizes"
+        self.args.apply_batch_plan(plan.micro_batch, plan.logprob_chunk_size)  # GA, rollout follow
         self._train_batch_size = plan.micro_batch * max(1, self.args.n_gpu)
         self._share_group = shared_group_size(self.args.num_generations, plan.micro_batch)
 
@@ -479,16 +438,7 @@ class GRPOTrainer(Trainer):
 
     def run_summary(self) -> dict[str, Any]:
         """The run facts that model cards need (`grpo_run.json`)."""
-        rewards = rundir.reward_summary(
-            self.reward_names, self.reward_weights, self.rewards.model_sources()
-        )
-        model = self.accelerator.unwrap_model(self.model)
-        summary = rundir.run_summary(
-            self.args, model, self.model_name, self.state.global_step, rewards, self.dataset_names
-        )
-        summary["evaluation"] = self.eval_watch.summary(self.args, self.state)
-        summary["tools"] = [getattr(t, "__name__", repr(t)) for t in self.tools]
-        return summary
+        return rundir.trainer_summary(self)
 
     def push_to_hub(self, repo_id: str | None = None, *, token: str | None = None, **kwargs) -> str:
         """Save, plot, write the model card and publish the output dir as one commit (`kwargs`:

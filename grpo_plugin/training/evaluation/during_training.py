@@ -38,6 +38,7 @@ from ...core.logprobs import completion_logprobs
 from ...core.objectives import policy_loss
 from ...rollout.dynamic_sampling import informative_groups
 from ...rollout.types import Rollout
+from ..callbacks import evaluation_progress
 from ..metrics import nanstd
 from ..objective import rollout_advantages
 from ..policy import reference_mode
@@ -220,7 +221,7 @@ def evaluate_trainer(
     metrics: dict[str, float] = {}
     for name, dataset in _eval_sets(trainer, eval_dataset).items():
         label = f"eval {name}".strip()
-        with trainer.evaluation_progress(label, _size(dataset, trainer.accelerator)) as advance:
+        with evaluation_progress(trainer, label, _size(dataset, trainer.accelerator)) as advance:
             evaluator = SetEvaluator(trainer)
             evaluator.progress = advance
             result = evaluator.run_set(dataset)

@@ -253,3 +253,16 @@ __all__ = [
     "write_json",
     "write_text_atomic",
 ]
+
+
+def trainer_summary(trainer: Any) -> dict[str, Any]:
+    """`run_summary` of a `GRPOTrainer`, with its evaluation and tools (`grpo_run.json`)."""
+    t = trainer
+    rewards = reward_summary(t.reward_names, t.reward_weights, t.rewards.model_sources())
+    model = t.accelerator.unwrap_model(t.model)
+    summary = run_summary(
+        t.args, model, t.model_name, t.state.global_step, rewards, t.dataset_names
+    )
+    summary["evaluation"] = t.eval_watch.summary(t.args, t.state)
+    summary["tools"] = [getattr(fn, "__name__", repr(fn)) for fn in t.tools]
+    return summary

@@ -78,6 +78,13 @@ class RunState:
                 setattr(self, f.name, saved)
 
 
+def mid_rollout(args: Any, global_step: int) -> bool:
+    """Whether optimizer step `global_step` ends inside a rollout (its micro-batches not all
+    trained), so that a checkpoint there must keep the rollout."""
+    per_rollout = args.steps_per_generation * args.num_iterations
+    return (global_step * args.gradient_accumulation_steps) % per_rollout != 0
+
+
 def _batch_tensors(batch: TrainingBatch) -> dict[str, torch.Tensor]:
     return {
         f.name: getattr(batch, f.name).cpu()
