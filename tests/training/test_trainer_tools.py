@@ -53,7 +53,7 @@ def test_a_training_step_trains_only_the_sampled_tokens(tiny_tokenizer, tmp_path
     assert logps[tool_tokens].abs().max() == 0 and entropy[tool_tokens].abs().max() == 0
     assert logps[batch.sampled_mask.bool()].abs().min() > 0
     # dapo's normaliser is the rollout's sampled-token count
-    assert trainer._loss_tokens_per_slice == float(batch.sampled_mask.sum())
+    assert trainer.run_state.loss_tokens_per_slice == float(batch.sampled_mask.sum())
     log = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
     assert log["tools/call_frequency"] == 1.0 and log["tools/failure_frequency"] == 0.0
     assert log["tools/turns_mean"] == 2.0 and log["reward"] == 1.0
