@@ -3,9 +3,10 @@
     .venv/bin/python benchmarks/function_stats.py [--top 5]
 
 Lines: a function's source lines from its `def` (decorators excluded) to its last line, nested
-functions counted inside their parent too. Parameters: as tests/test_architecture.py counts
-them (positional-only, positional and keyword-only, without a leading self/cls; *args and
-**kwargs one each). Prints two plain-text tables with file:line.
+functions counted inside their parent too. Parameters: positional-only,
+positional and keyword-only, without a leading self/cls; *args and **kwargs one each (the one
+rule: tests/test_architecture.py checks its 6-parameter bound with `functions()`). Prints two
+plain-text tables with file:line.
 """
 
 from __future__ import annotations

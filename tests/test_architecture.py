@@ -14,7 +14,7 @@ import ast
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, load_script
 
 PACKAGE = REPO_ROOT / "grpo_plugin"
 LAYER_MAY_IMPORT = {
@@ -146,35 +146,12 @@ MANY_PARAMETERS_ALLOWED = {
 }
 
 
-def _parameter_count(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
-    a = node.args
-    names = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs]
-    if names and names[0] in ("self", "cls"):
-        names = names[1:]
-    return len(names) + (a.vararg is not None) + (a.kwarg is not None)
-
-
-def _functions(path: Path):
-    """`(qualified name, node)` of every function and method in `path`, nested ones included."""
-
-    def walk(node, prefix):
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.ClassDef):
-                yield from walk(child, f"{prefix}{child.name}.")
-            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                yield f"{prefix}{child.name}", child
-                yield from walk(child, f"{prefix}{child.name}.")
-            else:
-                yield from walk(child, prefix)
-
-    yield from walk(ast.parse(path.read_text()), "")
-
-
 def test_no_function_takes_more_than_six_parameters():
+    # one counting rule: benchmarks/function_stats.py reports the same numbers
+    stats = load_script(REPO_ROOT / "benchmarks" / "function_stats.py", "function_stats")
     counts = {
-        f"{path.relative_to(PACKAGE).as_posix()}::{name}": _parameter_count(node)
-        for path in _sources(PACKAGE)
-        for name, node in _functions(path)
+        f"{where.split(':')[0].removeprefix('grpo_plugin/')}::{name}": params
+        for name, where, _, params in stats.functions()
     }
     wide = {name: n for name, n in counts.items() if n > MAX_PARAMETERS}
     unlisted = {name: n for name, n in wide.items() if name not in MANY_PARAMETERS_ALLOWED}
