@@ -89,6 +89,7 @@ def cmd_train(argv: Sequence[str]) -> int:
         recipe_parser().print_help()
         return 0
     from .app.preflight import prepare_run
+    from .models import EmbeddedModelMissing
     from .training.run.preemption import TrainingInterrupted
 
     try:
@@ -106,7 +107,7 @@ def cmd_train(argv: Sequence[str]) -> int:
         from .app.pipeline import summary_lines, train_recipe
 
         evaluation = train_recipe(recipe, rewards, data)
-    except RecipeError as err:
+    except (RecipeError, EmbeddedModelMissing) as err:
         return fail(str(err))
     except TrainingInterrupted as stop:
         print(f"{stop}\nTo resume: {resume_command(argv)}", file=sys.stderr)
@@ -123,6 +124,7 @@ def cmd_train(argv: Sequence[str]) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from .app.pipeline import evaluate_model
+    from .models import EmbeddedModelMissing
 
     try:
         result = evaluate_model(
@@ -138,7 +140,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             tools=args.tool,
             tool_options=args,  # --tool-chat-template, --tool-timeout, ...
         )
-    except RecipeError as err:
+    except (RecipeError, EmbeddedModelMissing) as err:
         return fail(str(err))
     print(json.dumps(result, indent=2))
     if args.output:
