@@ -2,7 +2,8 @@
 
 core/      pure torch            -> nothing above it
 rollout/   group sampling        -> core
-training/  trainer and its glue  -> core, rollout, reward_fns, models
+training/  trainer and its glue  -> core, rollout, reward_fns, models; inside it, rooms by
+                                    concern on a ladder (TRAINING_ROOMS)
 app/       recipes, card, hub    -> everything below
 cli.py     argument parsing      -> imported by nothing in the library
 reward_fns never imports grpo_plugin (third parties import it alone).
@@ -93,6 +94,58 @@ def test_no_import_cycles():
 
     for name in graph:
         visit(name, [])
+
+
+# --- training/'s rooms ---------------------------------------------------------------------------
+# Each subpackage or top-level module of training/ is a room that owns one concern. Bottom to top,
+# each imports only rooms listed before it (and the layers below training/): the rooms form a
+# ladder, never a cycle. A new import between rooms is an edit here, made on purpose.
+TRAINING_ROOMS: list[tuple[str, set[str], str]] = [
+    ("config", set(), "GRPOConfig and its cross-field checks"),
+    ("distributed", set(), "processes: shards, gathers, launch checks"),
+    ("metrics", set(), "the metrics window, zero-std watch, TRL-named reward metrics"),
+    ("policy", set(), "loading the policy, reference, LoRA / QLoRA"),
+    ("rewards", {"distributed"}, "reward functions and models, the scorer and its watchdog"),
+    ("run", {"distributed", "metrics", "rewards"}, "the run dir, checkpoints, resume, RunState"),
+    ("callbacks", {"policy", "run"}, "progress, metrics.jsonl, reference syncing"),
+    ("objective", {"distributed", "policy", "run"}, "advantages, the loss and its extras"),
+    (
+        "evaluation",
+        {"callbacks", "distributed", "metrics", "objective", "policy", "rewards"},
+        "the one evaluation engine, eval sets and schedule, the reward-hacking watch",
+    ),
+    ("sampling", {"evaluation", "rewards"}, "the rollout sampler, tools, streamed data"),
+    ("inputs", {"distributed", "evaluation", "sampling"}, "the trainer's inputs, checked once"),
+    ("autopilot", {"inputs", "run", "sampling"}, "the memory autopilot"),
+    ("publish", {"evaluation", "policy", "run"}, "the model card, its plots, the Hub"),
+    ("trainer", {"*"}, "GRPOTrainer: orchestration, imports any room"),
+]
+
+
+def _room(path: Path) -> str:
+    parts = path.relative_to(PACKAGE / "training").parts
+    return parts[0] if len(parts) > 1 else parts[0].removesuffix(".py")
+
+
+def test_training_rooms_form_a_ladder_and_every_room_is_listed():
+    order = [name for name, _, _ in TRAINING_ROOMS]
+    for i, (name, may, _) in enumerate(TRAINING_ROOMS):
+        assert may <= set(order[:i]) or may == {"*"}, f"{name} may import a room above it"
+    present = {_room(p) for p in _sources(PACKAGE / "training")} - {"__init__"}
+    assert present == set(order), "give each room of training/ a line in TRAINING_ROOMS"
+
+
+def test_each_training_room_imports_only_the_rooms_below_it():
+    allowed = {name: may for name, may, _ in TRAINING_ROOMS}
+    for path in _sources(PACKAGE / "training"):
+        room = _room(path)
+        for name in _imports(path):
+            parts = name.split(".")
+            if parts[:2] != ["grpo_plugin", "training"] or len(parts) < 3 or parts[2] == room:
+                continue
+            if room != "__init__" and allowed[room] != {"*"}:
+                rel = path.relative_to(PACKAGE).as_posix()
+                assert parts[2] in allowed[room], f"{rel} imports {name}"
 
 
 # A declarative config may exceed the bound: GRPOConfig is one field list grouped by concern, and

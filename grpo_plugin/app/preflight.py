@@ -6,7 +6,9 @@ by `grpo-plugin train` and by `--dry-run` alike (`recipe_checks.check_recipe` do
                        reward's columns present, every prompt usable (bad rows named)
     check_lengths      the prompts fit the model's context (its tokenizer and config only)
 
-Each problem raises `RecipeError` with one line that says how to fix it.
+Each problem raises `RecipeError` with one line that says how to fix it. The checks themselves are
+`training/inputs.py`'s, which remembers what passed: the trainer, handed the same datasets, neither
+checks nor tokenizes their prompts again.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..training import preflight
+from ..training import inputs
 from ..training.run import checkpoints
 from ..training.run import lock as run_lock
 from .data import load_prompt_datasets
@@ -36,11 +38,11 @@ def check_run_dir(recipe: Recipe) -> str | None:
     """The output dir can take this run; returns the checkpoint to resume from, if any."""
     c = recipe.config
     try:
-        preflight.check_output_dir(c.output_dir)
+        inputs.check_output_dir(c.output_dir)
         checkpoint = checkpoints.resolve_resume(c.output_dir, c.resume_from_checkpoint)
         run_lock.check_rerun(c.output_dir, checkpoint is not None, c.overwrite_output_dir)
         run_lock.check_not_in_use(c.output_dir)
-        preflight.check_model_source(recipe.args.model)
+        inputs.check_model_source(recipe.args.model)
     except (ValueError, run_lock.OutputDirInUse) as err:
         raise RecipeError(one_line(err)) from err
     return checkpoint
@@ -57,7 +59,7 @@ def load_checked_data(recipe: Recipe, rewards: list[Callable]) -> RecipeData:
     for name, data in (("the training data", train), ("the held-out data", held_out)):
         if data is not None:
             try:
-                preflight.check_prompts(data["prompt"], name)
+                inputs.check_prompts(data, name)
             except ValueError as err:
                 raise RecipeError(one_line(err)) from err
     return RecipeData(train, held_out)
@@ -78,7 +80,7 @@ def check_lengths(recipe: Recipe, data: RecipeData) -> None:
     for name, dataset in (("the training data", data.train), ("the held-out data", data.held_out)):
         if dataset is not None:
             try:
-                preflight.check_prompt_lengths(dataset["prompt"], tokenizer, config, c, name)
+                inputs.check_prompt_lengths(dataset, tokenizer, config, c, name)
             except ValueError as err:
                 raise RecipeError(one_line(err)) from err
 

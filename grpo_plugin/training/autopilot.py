@@ -28,7 +28,7 @@ kernel's OOM killer, not an exception). Here the work is kept and only its cut c
   checkpoint was trained with (`trainer_state.json`), so the resume stays exact.
 - Refused, with one line: several processes (`config/checks.py`), `environment_factory` (a
   reset's observation lengthens the prompt before the rollout) and `rollout_func` (it builds its
-  own prompts), by `check_inputs` when the trainer is built. The autopilot runs from
+  own prompts), by `check_inputs`, which `GRPOTrainer.__init__` calls first. The autopilot runs from
   `lifecycle.train`, after the output dir is claimed and before `Trainer.train`.
 """
 
@@ -46,6 +46,7 @@ import torch
 
 from ..rollout.prompts import encode_prompts
 from ..rollout.types import TrainingBatch
+from . import inputs
 from .run import checkpoints
 from .sampling import streaming
 
@@ -194,20 +195,27 @@ def measure_peak(device: torch.device, run: Callable[[], None]) -> float:
 
 # --- the trainer side ------------------------------------------------------------------------------
 def longest_prompt(trainer: Any, limit: int = 4096) -> list[int]:
-    """Token ids of the longest prompt among the first `limit` training rows (with tools:
-    rendered with their schemas, as `prompts._sample_with_tools` renders it)."""
+    """Token ids of the longest prompt among the first `limit` training rows, after
+    `max_prompt_length` (with tools: rendered with their schemas, as `prompts._sample_with_tools`
+    renders it). Without tools the lengths are those the trainer's input check measured
+    (`inputs.prompt_lengths`): only the longest prompt is encoded here."""
     a, dataset, tokenizer = trainer.args, trainer.train_dataset, trainer.processing_class
-    prompts = [dataset[i]["prompt"] for i in range(min(limit, len(dataset)))]
+    cut = a.max_prompt_length
+    rows = range(min(limit, len(dataset)))
     setup = getattr(trainer, "tool_setup", None)
     if setup is None:
-        kwargs = a.chat_template_kwargs
-        encoded = encode_prompts(tokenizer, prompts, chat_template_kwargs=kwargs)
+        lengths = inputs.prompt_lengths(dataset, tokenizer, a.chat_template_kwargs)
+        kept = [min(n, cut) if cut else n for n in lengths[: len(rows)]]
+        longest = dataset[kept.index(max(kept))]["prompt"]
+        (ids,) = encode_prompts(tokenizer, [longest], chat_template_kwargs=a.chat_template_kwargs)
     else:
         schemas = [tool.schema for tool in setup.tools]
         render = setup.format.render_prompt
-        encoded = [render(tokenizer, p, schemas, a.chat_template_kwargs) for p in prompts]
-    cut = a.max_prompt_length
-    return max((ids[-cut:] if cut else ids for ids in encoded), key=len)
+        encoded = [
+            render(tokenizer, dataset[i]["prompt"], schemas, a.chat_template_kwargs) for i in rows
+        ]
+        ids = max((e[-cut:] if cut else e for e in encoded), key=len)
+    return ids[-cut:] if cut else ids
 
 
 def probe_batch(prompt: list[int], rows: int, completion_len: int, vocab: int, device):
@@ -292,7 +300,7 @@ def _checkpoint_micro_batch(trainer: Any, checkpoint: str | None) -> int | None:
 
 def choose(trainer: Any, checkpoint: str | None = None) -> Plan | None:
     """Choose the micro-batch, accumulation, rollout steps and chunk size, and log one line; the
-    trainer applies the plan (`GRPOTrainer.apply_batch_plan`). None without
+    trainer applies the plan (`GRPOTrainer.plan_batch`). None without
     `auto_find_batch_size`, and for streamed datasets (no longest prompt to probe: the configured
     sizes stay, with a warning). A resumed `checkpoint` keeps its micro-batch."""
     a = trainer.args

@@ -1,18 +1,243 @@
-"""What the trainer is given, checked before anything is loaded: datasets and reward weights
-(reward functions and models: `reward_models.resolve_reward_funcs`)."""
+"""What the trainer is given, checked before anything is loaded. Each check raises ValueError
+with one line that says how to fix it; the recipe checker (`app/preflight`, so `--dry-run` sees
+them) and `GRPOTrainer` (for Python users) both run them.
+
+- `check_output_dir`: not a file, writable, with room for checkpoints (`MIN_FREE_MB`).
+- `check_model_source`: an existing local directory, an `embedded:` name, or a valid Hub id that
+  is in the local cache when the Hub is offline (`HF_HUB_OFFLINE=1`).
+- `check_prompts`: every prompt a non-empty string or a non-empty list of chat messages, the bad
+  row named by its index.
+- `check_prompt_lengths` (needs the tokenizer): prompts that do not fit the model's context with
+  `max_completion_length` new tokens are an error, unless `max_prompt_length` truncates them,
+  which is logged as a warning with how many and the longest.
+- `check_inputs`: what `GRPOTrainer.__init__` runs (datasets, model source, output_dir, launch).
+
+Checked once. A recipe's datasets are checked by the recipe checker and then handed, as the same
+objects, to `GRPOTrainer`. Verdicts and token lengths are remembered per `datasets.Dataset`
+object (`_Seen`, weakly, so a dropped dataset frees them): the second check of the same prompts
+neither walks nor tokenizes them again. Datasets are immutable, so the memo cannot go stale; the
+token lengths are keyed by the tokenizer (name, chat template, vocabulary size) and the chat
+template arguments, as they depend on those.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import shutil
+import tempfile
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-import torch
-
-from . import preflight
+from ..models import is_embedded
+from ..rollout.prompts import encode_prompts, prompt_problem
 from .distributed import check_launch
 from .evaluation.setup import check_eval_datasets
 from .sampling.streaming import check_streamed_training, is_streamed, stream_columns
 
+logger = logging.getLogger(__name__)
 
+MIN_FREE_MB = 256  # a LoRA checkpoint of a small model, the metrics and the completion tables
+LENGTH_SAMPLE = 20_000  # prompts tokenized by `check_prompt_lengths` (the first ones)
+_OFFLINE = ("1", "ON", "YES", "TRUE")
+
+
+# --- output_dir ----------------------------------------------------------------------------------
+def _existing_ancestor(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_output_dir(output_dir: str | os.PathLike) -> None:
+    path = Path(output_dir).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(
+            f"output_dir {path} is a file, not a directory; choose another output_dir."
+        )
+    base = _existing_ancestor(path.absolute())
+    if not base.is_dir():
+        raise ValueError(f"output_dir {path} cannot be created: {base} is a file.")
+    try:
+        tempfile.TemporaryFile(dir=base).close()
+    except OSError as err:
+        raise ValueError(
+            f"output_dir {path} is not writable ({err.strerror} in {base}); choose a writable "
+            "output_dir."
+        ) from None
+    free_mb = shutil.disk_usage(base).free / 2**20
+    if free_mb < MIN_FREE_MB:
+        raise ValueError(
+            f"output_dir {path} is on a nearly full device ({free_mb:.0f} MB free, at least "
+            f"{MIN_FREE_MB} MB needed for checkpoints); free some space or choose another output_dir."
+        )
+
+
+# --- the model -----------------------------------------------------------------------------------
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~", ".\\")) or name.count("/") > 1 or "\\" in name
+
+
+def check_model_source(name: Any) -> None:
+    """A model given by name must be loadable without guessing: see the module docstring."""
+    if not isinstance(name, (str, os.PathLike)) or is_embedded(str(name)):
+        return  # a loaded model, or an embedded name (checked when it is resolved)
+    name = str(name)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"model directory {name} has no config.json; is it a model folder?")
+        return
+    if path.exists() or _looks_like_path(name):
+        raise ValueError(f"model path {name} does not exist; fix the path (or give a Hub id).")
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise ValueError(
+            f"model {name!r} is neither a local directory nor a valid Hub id ('org/name')."
+        ) from None
+    if os.environ.get("HF_HUB_OFFLINE", "").upper() in _OFFLINE and not _in_hub_cache(name):
+        raise ValueError(
+            f"model {name!r} is not a local directory and not in the Hugging Face cache, and the "
+            "Hub is offline (HF_HUB_OFFLINE=1); download it first or give a local directory."
+        )
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+
+
+# --- prompts, checked once -----------------------------------------------------------------------
+@dataclass
+class _Seen:
+    """What is known of one dataset object's prompts."""
+
+    usable: bool = False  # check_prompts passed
+    lengths: dict[str, list[int]] = field(default_factory=dict)  # tokenizer key -> token counts
+    length_checks: set[tuple] = field(default_factory=set)  # check_prompt_lengths calls passed
+
+
+_SEEN: weakref.WeakKeyDictionary[Any, _Seen] = weakref.WeakKeyDictionary()
+
+
+def _seen(data: Any) -> _Seen | None:
+    """The memo of a `datasets.Dataset` (None for a list or a column: those are not memoized)."""
+    from datasets import Dataset
+
+    if not isinstance(data, Dataset):
+        return None
+    return _SEEN.setdefault(data, _Seen())
+
+
+def _prompts_of(data: Any) -> Sequence[Any]:
+    return data["prompt"] if hasattr(data, "column_names") else data
+
+
+def check_prompts(data: Any, name: str) -> None:
+    """Every prompt of `data` (a Dataset with a `prompt` column, or a list of prompts) usable;
+    the first bad one named by its row index."""
+    seen = _seen(data)
+    if seen is not None and seen.usable:
+        return
+    for i, prompt in enumerate(_prompts_of(data)):
+        problem = prompt_problem(prompt)
+        if problem is not None:
+            raise ValueError(f"{name} row {i}: the prompt {problem}; fix or drop that row.")
+    if seen is not None:
+        seen.usable = True
+
+
+def _tokenizer_key(tokenizer: Any, chat_template_kwargs: dict | None) -> str:
+    template = getattr(tokenizer, "chat_template", None)
+    parts = [getattr(tokenizer, "name_or_path", ""), template, len(tokenizer), chat_template_kwargs]
+    return json.dumps(parts, sort_keys=True, default=repr)
+
+
+def prompt_lengths(data: Any, tokenizer: Any, chat_template_kwargs: dict | None) -> list[int]:
+    """Token counts of the first `LENGTH_SAMPLE` prompts, as the rollout encodes them (before
+    `max_prompt_length`); tokenized once per dataset object and tokenizer."""
+    seen = _seen(data)
+    key = _tokenizer_key(tokenizer, chat_template_kwargs)
+    if seen is not None and key in seen.lengths:
+        return seen.lengths[key]
+    sample = list(_prompts_of(data)[:LENGTH_SAMPLE])
+    encoded = encode_prompts(tokenizer, sample, chat_template_kwargs=chat_template_kwargs)
+    lengths = [len(ids) for ids in encoded]
+    if seen is not None:
+        seen.lengths[key] = lengths
+    return lengths
+
+
+def context_length(config: Any, tokenizer: Any) -> int | None:
+    """The model's context in tokens: its config's, else the tokenizer's (when plausible)."""
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    value = getattr(tokenizer, "model_max_length", None)
+    return value if isinstance(value, int) and 0 < value < 10**7 else None
+
+
+def _check_budget(context: int, args: Any) -> int:
+    """The tokens a prompt may take beside `max_completion_length`; refuses settings that cannot
+    fit the context at all."""
+    budget = context - args.max_completion_length
+    if budget < 1:
+        raise ValueError(
+            f"max_completion_length={args.max_completion_length} leaves no room for a prompt in "
+            f"the model's context of {context} tokens; lower it."
+        )
+    limit = args.max_prompt_length
+    if limit is not None and limit > budget:
+        raise ValueError(
+            f"max_prompt_length={limit} + max_completion_length={args.max_completion_length} "
+            f"exceed the model's context of {context} tokens; lower one of them."
+        )
+    return budget
+
+
+def check_prompt_lengths(data: Any, tokenizer: Any, config: Any, args: Any, name: str) -> None:
+    """Prompts that do not fit `context - max_completion_length`: an error, or (with
+    `max_prompt_length`) a warning that they are cut from the left."""
+    context = context_length(config, tokenizer)
+    if context is None or len(data) == 0:
+        return
+    budget = _check_budget(context, args)
+    limit, kwargs = args.max_prompt_length, args.chat_template_kwargs
+    seen = _seen(data)
+    check = (_tokenizer_key(tokenizer, kwargs), context, args.max_completion_length, limit)
+    if seen is not None and check in seen.length_checks:
+        return  # this dataset passed this very check (and warned, if it had to) already
+    lengths = prompt_lengths(data, tokenizer, kwargs)
+    over = [n for n in lengths if n > (limit if limit is not None else budget)]
+    what = f"{len(over)} of {len(lengths)} prompts in {name} are longer than"
+    if over and limit is None:
+        raise ValueError(
+            f"{what} the {budget} tokens the model's context ({context}) leaves beside "
+            f"max_completion_length={args.max_completion_length} (longest: {max(over)} tokens); "
+            "set max_prompt_length to cut them from the left, or shorten them."
+        )
+    if over:
+        logger.warning(
+            "%s max_prompt_length=%d tokens (longest: %d); their first tokens are cut off.",
+            what,
+            limit,
+            max(over),
+        )
+    if seen is not None:
+        seen.length_checks.add(check)
+
+
+# --- the trainer's inputs ------------------------------------------------------------------------
 def check_prompt_dataset(dataset: Any, name: str) -> Any:
     """Accept a datasets.Dataset, an IterableDataset or a list of dicts; require a `prompt`
     column."""
@@ -31,7 +256,7 @@ def check_prompt_dataset(dataset: Any, name: str) -> Any:
             "prompt text or chat messages, e.g. dataset.rename_column('question', 'prompt')."
         )
     if not is_streamed(dataset):  # a stream's prompts are checked as they are sampled
-        preflight.check_prompts(dataset["prompt"], name)
+        check_prompts(dataset, name)
     return dataset
 
 
@@ -42,23 +267,13 @@ def check_inputs(model: Any, args: Any, train_dataset: Any, eval_dataset: Any) -
     train_dataset = check_prompt_dataset(train_dataset, "train_dataset")
     check_streamed_training(train_dataset, args)
     eval_dataset = check_eval_datasets(eval_dataset)
-    preflight.check_model_source(model)
-    preflight.check_output_dir(args.output_dir)
+    check_model_source(model)
+    check_output_dir(args.output_dir)
     check_launch(args)  # ZeRO-3 is refused before the model loads
     return train_dataset, eval_dataset
 
 
 def check_prompt_lengths_of(dataset: Any, tokenizer: Any, config: Any, args: Any) -> None:
-    """The training prompts fit the context (`preflight.check_prompt_lengths`); not for streams."""
+    """The training prompts fit the context (`check_prompt_lengths`); not for streams."""
     if dataset is not None and not is_streamed(dataset):
-        preflight.check_prompt_lengths(dataset["prompt"], tokenizer, config, args, "train_dataset")
-
-
-def reward_weight_tensor(weights: list[float] | None, num_funcs: int) -> torch.Tensor:
-    weights = weights or [1.0] * num_funcs
-    if len(weights) != num_funcs:
-        raise ValueError(
-            f"reward_weights has {len(weights)} entries for {num_funcs} reward functions; "
-            "give one weight per function."
-        )
-    return torch.tensor(weights, dtype=torch.float32)
+        check_prompt_lengths(dataset, tokenizer, config, args, "train_dataset")

@@ -37,7 +37,7 @@ from ..core.logprobs import CompletionLogprobs, completion_logprobs
 from ..rollout.dynamic_sampling import refill
 from ..rollout.noise import KeyedNoise, RolloutKey
 from ..rollout.types import Rollout, TrainingBatch
-from . import distributed
+from . import autopilot, distributed
 from .callbacks import MetricsJsonlCallback, RichProgressCallback, SyncRefModelCallback
 from .config.checks import warn_on_loss_combinations
 from .config.grpo_config import GRPOConfig
@@ -64,13 +64,10 @@ from .sampling.tools import ToolInputs
 
 
 class GRPOTrainer(Trainer):
-    """TRL-compatible GRPO trainer (see `GRPOConfig` for every option).
-
-    `dataset_names` (Hub ids of the training data) may be set after construction; they are
-    written to `grpo_run.json` and the model card. `eval_dataset` may be a dict of named sets;
-    `eval_metrics` (a callable or "module:function") adds task metrics to every evaluation
-    (`training/evaluation/during_training.py`).
-    """
+    """TRL-compatible GRPO trainer (see `GRPOConfig` for every option). `dataset_names` (Hub ids
+    of the training data) may be set after construction: `grpo_run.json` and the model card name
+    them. `eval_dataset` may be a dict of named sets; `eval_metrics` (a callable or
+    "module:function") adds task metrics to every evaluation (`evaluation/during_training.py`)."""
 
     def __init__(
         self,
@@ -96,6 +93,7 @@ class GRPOTrainer(Trainer):
             raise TypeError(f"args must be a grpo_plugin.GRPOConfig, got {type(args).__name__}.")
         # Cheap checks first: nothing is loaded before the inputs are known to be usable.
         tool_inputs = ToolInputs.check(tools, rollout_func, environment_factory, args)
+        autopilot.check_inputs(args, tool_inputs)  # what auto_find_batch_size cannot plan for
         train_dataset, eval_dataset = check_inputs(model, args, train_dataset, eval_dataset)
         tool_inputs.check_dataset(train_dataset)
         self._previous_run_files = run_lock.previous_run_files(args.output_dir)  # before any write
@@ -401,10 +399,11 @@ class GRPOTrainer(Trainer):
         if self.is_world_process_zero():
             self._objective.save_state(checkpoint)  # TRL's entropy_ctrl_state.json
 
-    def apply_batch_plan(self, plan: Any) -> None:
-        """The memory autopilot's choice (`autopilot.Plan`, or None: it kept the configured
-        sizes), validated by the config like a user's batch sizes, then the trainer's derived
-        sizes. Chosen once: transformers' own batch-halving loop stays off."""
+    def plan_batch(self, checkpoint: str | None) -> None:
+        """auto_find_batch_size, before the first step: `autopilot.choose`'s plan (None keeps the
+        configured sizes), validated by the config like a user's sizes; chosen once (transformers'
+        own batch-halving loop stays off)."""
+        plan = autopilot.choose(self, checkpoint)
         self.args.auto_find_batch_size = False
         if plan is None:
             return

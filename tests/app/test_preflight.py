@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from grpo_plugin import cli
-from grpo_plugin.training import preflight
+from grpo_plugin.training import inputs
 
 RECIPE = (
     "model: {model}\n"
@@ -87,7 +87,7 @@ def test_output_dirs_that_cannot_take_a_run(make, capsys, tmp_path, monkeypatch)
     assert "is a file, not a directory" in dry_run(capsys, make(out=tmp_path / "a-file"))
     assert "is not writable" in dry_run(capsys, make(out=Path("/proc/grpo-plugin-out")))
     full = shutil.disk_usage(tmp_path)._replace(free=10 * 2**20)
-    monkeypatch.setattr(preflight.shutil, "disk_usage", lambda path: full)
+    monkeypatch.setattr(inputs.shutil, "disk_usage", lambda path: full)
     assert "nearly full device (10 MB free" in dry_run(capsys, make())
 
 
@@ -140,3 +140,36 @@ def test_the_trainer_names_bad_prompts_too(tiny_tokenizer, tmp_path):
     with pytest.raises(ValueError, match="train_dataset row 1: the prompt is a NoneType"):
         GRPOTrainer("no/such-model", frac_sevens, args=tiny_config(tmp_path),
                     train_dataset=[{"prompt": "1+1="}, {"prompt": None}])  # fmt: skip
+
+
+def test_a_recipes_prompts_are_checked_and_tokenized_once(tiny_model_dir, tmp_path, monkeypatch):
+    """The recipe checker checks and tokenizes the prompts; the trainer it hands the same datasets
+    to does neither again (`inputs._SEEN`)."""
+    from grpo_plugin.app import pipeline
+    from grpo_plugin.app.preflight import prepare_run
+    from grpo_plugin.app.recipe import load_recipe
+    from grpo_plugin.app.recipe_checks import check_recipe
+
+    walked, encoded = [], []
+    real_problem, real_encode = inputs.prompt_problem, inputs.encode_prompts
+    monkeypatch.setattr(inputs, "prompt_problem", lambda p: walked.append(p) or real_problem(p))
+
+    def counting_encode(tokenizer, prompts, **kwargs):
+        encoded.extend(prompts)
+        return real_encode(tokenizer, prompts, **kwargs)
+
+    monkeypatch.setattr(inputs, "encode_prompts", counting_encode)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(
+        f"model: {tiny_model_dir}\n"
+        "dataset: {name: arithmetic, train_size: 12, eval_size: 5}\n"
+        "reward_funcs: [last_integer]\nnum_generations: 4\nper_device_train_batch_size: 8\n"
+        f"max_steps: 1\nmax_completion_length: 8\nsave_strategy: 'no'\noutput_dir: {tmp_path}/o\n"
+    )
+    recipe = load_recipe(path)
+    rewards = check_recipe(recipe)
+    data = prepare_run(recipe, rewards)
+    assert (len(walked), len(encoded)) == (12 + 5, 12 + 5)  # train and held-out, once each
+    trainer = pipeline._build_trainer(recipe, rewards, data.train, data.held_out)
+    assert trainer.train_dataset is data.train
+    assert (len(walked), len(encoded)) == (17, 17)  # the trainer checked nothing twice

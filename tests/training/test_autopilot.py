@@ -233,6 +233,6 @@ def test_a_resumed_run_keeps_its_checkpoints_micro_batch(tiny_tokenizer, tmp_pat
     monkeypatch.setattr(autopilot, "_probe", lambda *a: pytest.fail("no probe on a resume"))
     trainer = make_trainer(tiny_tokenizer, tmp_path, auto_find_batch_size=True)
     chosen = autopilot.choose(trainer, str(checkpoint))
-    trainer.apply_batch_plan(chosen)
+    trainer.plan_batch(str(checkpoint))  # the same choice, applied
     assert (chosen.micro_batch, chosen.gradient_accumulation_steps, chosen.probes) == (4, 4, {})
     assert trainer.args.per_device_train_batch_size == 4 and trainer._share_group == 4

@@ -17,7 +17,6 @@ import torch
 import reward_fns
 
 from ...rollout.types import Rollout
-from ..inputs import reward_weight_tensor
 from .context import RewardContext, warn_if_unscored
 from .reward_models import is_reward_model, place_reward_models, resolve_reward_funcs
 from .scoring import RewardChecks, RewardScorer
@@ -80,3 +79,13 @@ class RewardSources:
     def model_sources(self) -> dict[str, str]:
         """`{name: model id or path}` of the rewards that are reward models (for the model card)."""
         return {n: f.source for n, f in zip(self.names, self.funcs) if is_reward_model(f)}
+
+
+def reward_weight_tensor(weights: list[float] | None, num_funcs: int) -> torch.Tensor:
+    weights = weights or [1.0] * num_funcs
+    if len(weights) != num_funcs:
+        raise ValueError(
+            f"reward_weights has {len(weights)} entries for {num_funcs} reward functions; "
+            "give one weight per function."
+        )
+    return torch.tensor(weights, dtype=torch.float32)

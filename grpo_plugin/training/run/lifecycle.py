@@ -5,7 +5,7 @@ into a checkpoint, checkpoints written atomically.
       resolve_resume       a path or True -> the newest complete checkpoint (checkpoints.py)
       run_lock.claim       lock output_dir; refuse a rerun that neither resumes nor overwrites
       cut_back_to_step     metrics.jsonl and completions/ back to the checkpoint's step
-      autopilot.choose     auto_find_batch_size: the micro-batch that fits (autopilot.py),
+      plan_batch           auto_find_batch_size: the micro-batch that fits (autopilot.py),
                            applied by the trainer through the config's batch-size checks
       handlers_installed   SIGTERM / Ctrl-C -> save and stop (preemption.py)
       Trainer.train        (its `_save_checkpoint` goes through `save_checkpoint` below;
@@ -24,7 +24,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import autopilot
 from . import checkpoints, rundir
 from . import lock as run_lock
 from .preemption import PreemptionCallback, TrainingInterrupted, handlers_installed
@@ -47,8 +46,8 @@ def train(trainer: Any, base_train: Callable[..., Any], resume: str | bool | Non
         if main and checkpoint is not None:
             rundir.cut_back_to_step(a.output_dir, checkpoints.checkpoint_step(checkpoint) or 0)
             checkpoints.remove_staging(a.output_dir)
-        if a.auto_find_batch_size:  # before the first step
-            trainer.apply_batch_plan(autopilot.choose(trainer, checkpoint))
+        if a.auto_find_batch_size:  # before the first step (autopilot.py)
+            trainer.plan_batch(checkpoint)
         guard = PreemptionCallback(trainer.accelerator)
         trainer.add_callback(guard)
         try:

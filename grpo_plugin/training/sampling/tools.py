@@ -6,8 +6,8 @@ and probes one instance of each environment, so a tool without type hints or doc
 duplicate name or an environment without `reset` fails at once with one line. The chat
 template is checked against the tokenizer (`setup`) once it is loaded, before training starts.
 A `rollout_func` runs its own loop, so it is refused together with tools or environments; given
-the config, what the memory autopilot cannot plan for is refused too (`autopilot.check_inputs`),
-and so is what overlapped scoring cannot run on (`overlap.check_inputs`).
+the config, what overlapped scoring cannot run on is refused too (`overlap.check_inputs`; what
+the memory autopilot cannot plan for: `autopilot.check_inputs`, called by the trainer).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from ...rollout.chat_tools import resolve_tool_format
 from ...rollout.environments import Environments
 from ...rollout.multiturn import ToolSetup
 from ...rollout.tools import Tool, toolbox
-from ..autopilot import check_inputs
 from ..evaluation.setup import load_callable
 from . import overlap
 
@@ -85,7 +84,6 @@ class ToolInputs:
                 toolbox(resolved + environments.tools_of(instance))
         inputs = cls(resolved, environments, rollout_func)
         if args is not None:
-            check_inputs(args, inputs)  # what auto_find_batch_size cannot plan for
             overlap.check_inputs(args, inputs)  # overlap_scoring: single-turn rollouts only
         return inputs
 
