@@ -143,7 +143,13 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     except FileNotFoundError as err:
         raise RecipeError(one_line(err)) from err
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as err:
+        raise RecipeError(
+            f"{path}: not a UTF-8 text file ({err.reason} at byte {err.start})"
+        ) from err
+    except OSError as err:
+        raise RecipeError(f"{path}: cannot be read ({err.strerror})") from err
     except yaml.YAMLError as err:
         raise RecipeError(f"{path}: invalid YAML: {one_line(err)}") from err
     if not isinstance(data, dict):

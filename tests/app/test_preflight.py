@@ -173,3 +173,17 @@ def test_a_recipes_prompts_are_checked_and_tokenized_once(tiny_model_dir, tmp_pa
     trainer = pipeline._build_trainer(recipe, rewards, data.train, data.held_out)
     assert trainer.train_dataset is data.train
     assert (len(walked), len(encoded)) == (17, 17)  # the trainer checked nothing twice
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b"model: [unclosed\n  - x: {", ": invalid YAML: while parsing a flow sequence"),
+        (b"- a\n- b\n", ": a recipe must be a mapping of keys to values, got list"),
+        (b"\x00\xff\xfe", ": not a UTF-8 text file (invalid start byte at byte 1)"),
+    ],
+)
+def test_a_recipe_file_that_is_not_a_recipe(tmp_path, capsys, content, expected):
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(content)
+    assert expected in dry_run(capsys, str(path))
