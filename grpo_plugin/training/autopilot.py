@@ -243,7 +243,7 @@ def _probe(trainer: Any, prompt: list[int], rows: int) -> float:
     batch = batch.padded_to_multiple(a.pad_to_multiple_of, pad_id)  # as the trainer pads
 
     def step() -> None:
-        with trainer.compute_loss_context_manager():
+        with trainer.compute_loss_context_manager(), trainer.accelerator.autocast():  # as trained
             out = trainer.probe_logps(model, batch)
             logps, entropy = out.logps, out.entropy
         (logps.sum() + (entropy.sum() if entropy.requires_grad else 0.0)).backward()

@@ -27,7 +27,7 @@ import json
 import os
 import pickle
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from typing import Any
 
@@ -200,13 +200,16 @@ def forward_through(accelerator, model: torch.nn.Module, fn: Callable[[torch.nn.
     `completion_logprobs` calls the decoder body and the LM head itself, never the model's own
     forward. Called that way under DDP, the gradient-sync hooks would be skipped (DDP only
     averages gradients after its own forward), and under FSDP2 the root's weights would stay
-    sharded. So the policy's forward is swapped for `fn` for one call of `model`.
+    sharded. So the policy's forward is swapped for `fn` for one call of `model`, under the
+    accelerator's autocast (bf16=True's mixed precision), which the swapped-out forward applied.
     """
     policy = accelerator.unwrap_model(model) if accelerator is not None else model
     saved = policy.__dict__.pop("forward", None)  # accelerate's mixed-precision forward, if any
     policy.forward = lambda: fn(policy)
+    autocast = accelerator.autocast() if accelerator is not None else nullcontext()
     try:
-        return model()
+        with autocast:
+            return model()
     finally:
         del policy.forward
         if saved is not None:

@@ -85,11 +85,16 @@ def model_init_kwargs(
     kwargs: dict[str, Any] | None, *, bf16: bool = False, load_in_4bit: bool = False
 ) -> dict[str, Any]:
     """`from_pretrained` keyword arguments: dtype names become dtypes, a quantization dict a
-    `BitsAndBytesConfig`; `load_in_4bit` adds NF4 unless a quantization config is given."""
+    `BitsAndBytesConfig`; `load_in_4bit` adds NF4 unless a quantization config is given.
+
+    Without a `dtype` the weights load in float32, `bf16` or not: `bf16=True` is mixed precision
+    (float32 master weights, bf16 autocast in the forward), as in TRL. A quantized base is the
+    exception: its unquantized parts and its compute dtype are bf16 under `bf16` (QLoRA)."""
     out = dict(kwargs or {})
     if isinstance(out.get("dtype"), str) and out["dtype"] != "auto":
         out["dtype"] = getattr(torch, out["dtype"])
-    out.setdefault("dtype", torch.bfloat16 if bf16 else torch.float32)
+    quantized = load_in_4bit or out.get("quantization_config") is not None
+    out.setdefault("dtype", torch.bfloat16 if bf16 and quantized else torch.float32)
     if load_in_4bit and "quantization_config" not in out:
         compute = out["dtype"] if isinstance(out["dtype"], torch.dtype) else torch.float32
         out["quantization_config"] = nf4_quantization(compute)
@@ -239,7 +244,27 @@ def load_trainer_policy(
     )
     if args.cast_lm_head_to_fp32:
         cast_lm_head_to_fp32(model)  # before the reference copy, which inherits it
+    warn_on_half_precision_training(model)
     return model, tokenizer
+
+
+def warn_on_half_precision_training(model: torch.nn.Module) -> None:
+    """One warning when trainable weights are bf16 / fp16 (asked for with model_init_kwargs'
+    `dtype`, or a model passed in that dtype): with no float32 master copy, an optimizer update
+    smaller than half a weight's spacing in that dtype rounds away. LoRA adapters are float32
+    (peft) on any base, so a bf16 base with LoRA is silent."""
+    half = {p.dtype for p in model.parameters() if p.requires_grad and p.element_size() < 4}
+    if half:
+        names = "/".join(sorted(str(d).removeprefix("torch.") for d in half))
+        logger.warning(
+            "The trainable weights are %s: pure %s training, with no float32 master copy, loses "
+            "updates smaller than half a weight's spacing (measured on a tiny model: 3 steps at "
+            "lr 1e-5 changed 15%% of the weights, 99%% in float32). For mixed precision (float32 "
+            "weights, bf16 compute) set bf16=True and drop 'dtype' from model_init_kwargs, or pass "
+            "the model in float32.",
+            names,
+            names,
+        )
 
 
 def build_reference(model: PreTrainedModel, beta: float) -> PreTrainedModel | None:
@@ -303,7 +328,8 @@ def cast_lm_head_to_fp32(model: Any) -> None:
 
 def _fp32_linear_forward(self: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
     bias = None if self.bias is None else self.bias.float()
-    return torch.nn.functional.linear(hidden.float(), self.weight.float(), bias)
+    with torch.autocast(hidden.device.type, enabled=False):  # bf16=True's autocast would lower it
+        return torch.nn.functional.linear(hidden.float(), self.weight.float(), bias)
 
 
 def _cast_output_hook(dtype: torch.dtype):

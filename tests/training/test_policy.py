@@ -10,12 +10,17 @@ from peft import LoraConfig
 from grpo_plugin.core.logprobs import completion_logprobs
 from grpo_plugin.training.policy import (
     build_reference,
+    cast_lm_head_to_fp32,
     default_dtype,
     load_policy,
+    model_init_kwargs,
     prepare_tokenizer,
     reference_mode,
+    warn_on_half_precision_training,
     wrap_policy,
 )
+
+PRECISION_WARNING = "no float32 master copy"
 
 
 def logps(model, prompt, completion):
@@ -122,3 +127,43 @@ def test_load_policy_4bit_keeps_base_linear4bit(tmp_path, tiny_tokenizer):
     loss.backward()
     lora_b = model.base_model.model.model.layers[0].self_attn.q_proj.lora_B["default"].weight
     assert lora_b.grad is not None and torch.isfinite(loss)
+
+
+def test_bf16_loads_float32_master_weights_unless_a_dtype_is_named():
+    assert model_init_kwargs(None, bf16=True)["dtype"] is torch.float32  # mixed precision, as TRL
+    assert model_init_kwargs({"dtype": "bfloat16"}, bf16=True)["dtype"] is torch.bfloat16
+    assert model_init_kwargs({"dtype": torch.bfloat16})["dtype"] is torch.bfloat16
+    qlora = model_init_kwargs(None, bf16=True, load_in_4bit=True)  # QLoRA keeps its bf16 compute
+    assert qlora["dtype"] is torch.bfloat16
+    assert qlora["quantization_config"].bnb_4bit_compute_dtype is torch.bfloat16
+    assert model_init_kwargs(None, load_in_4bit=True)["dtype"] is torch.float32
+
+
+def test_half_precision_trainable_weights_warn_once_lora_on_a_bf16_base_does_not(
+    tiny_tokenizer, caplog
+):
+    with caplog.at_level("WARNING", logger="grpo_plugin.training.policy"):
+        warn_on_half_precision_training(make_tiny_model(tiny_tokenizer).to(torch.bfloat16))
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert PRECISION_WARNING in caplog.text and "drop 'dtype' from model_init_kwargs" in caplog.text
+    caplog.clear()
+    lora = wrap_policy(make_tiny_model(tiny_tokenizer).to(torch.bfloat16), LoraConfig(r=4))
+    with caplog.at_level("WARNING", logger="grpo_plugin.training.policy"):
+        warn_on_half_precision_training(lora)
+        warn_on_half_precision_training(make_tiny_model(tiny_tokenizer))
+    assert caplog.records == []
+    assert {p.dtype for p in lora.parameters() if p.requires_grad} == {torch.float32}
+
+
+def test_fp32_lm_head_stays_float32_under_bf16_autocast(tiny_tokenizer):
+    model = make_tiny_model(tiny_tokenizer)
+    cast_lm_head_to_fp32(model)
+    head = model.get_output_embeddings()
+    hidden = torch.randn(3, 32, generator=torch.Generator().manual_seed(0))
+    expected = hidden @ head.weight.T
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = head(hidden)
+        lowered = torch.nn.functional.linear(hidden, head.weight)  # what autocast would do
+    assert lowered.dtype is torch.bfloat16  # the autocast is real
+    assert logits.dtype is torch.float32
+    torch.testing.assert_close(logits, expected, rtol=1e-6, atol=1e-6)

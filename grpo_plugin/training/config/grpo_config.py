@@ -17,7 +17,8 @@ Defaults that differ from `transformers.TrainingArguments`:
   alpha/r, and GRPO's per-step signal is small (most groups carry zero advantage early on), so LoRA GRPO
   needs roughly 10x more; 1e-5 is safe for 0.5-8B models. Tiny models (the 135M demo) use 1e-4..5e-4.
 - `logging_steps=1`: one line of `metrics.jsonl` per optimizer step (rollout steps are expensive).
-- `bf16=None`: resolved to True only on a CUDA device that supports bf16; fp32 on CPU.
+- `bf16=None`: resolved to True only on a CUDA device that supports bf16; fp32 on CPU. `bf16=True`
+  is mixed precision (float32 weights, bf16 autocast: `training/policy.py`, `distributed.py`).
   `bf16=True` on a CPU sets `use_cpu` (transformers asks for it) and warns without AVX512-BF16/AMX.
 - `report_to="none"`, `remove_unused_columns=False` (reward functions read the extra columns).
 - `gradient_checkpointing=False` (TRL turns it on; on small models it costs ~30% speed for nothing).
@@ -85,7 +86,8 @@ class GRPOConfig(TrainingArguments):
     # === 1. model and data (TRL's) ================================================================
     model_init_kwargs: dict[str, Any] | str | None = _help(
         "Keyword arguments for `AutoModelForCausalLM.from_pretrained` when `model` is a string: "
-        "`dtype`, `quantization_config` (a BitsAndBytesConfig or its dict), ... None: none."
+        "`dtype` (default float32, also with bf16=True; 'bfloat16' trains pure bf16, with a "
+        "warning), `quantization_config` (a BitsAndBytesConfig or its dict), ... None: none."
     )
     trust_remote_code: bool = _help(
         "Allow custom modelling code from the Hub for the policy, its tokenizer and reward models.",
@@ -319,7 +321,8 @@ class GRPOConfig(TrainingArguments):
 
     # === 6. the run: precision, logging, output dir, safety (`training/run/`) =====================
     bf16: bool | None = _help(
-        "bf16 mixed precision. None: on when the CUDA device supports it, else fp32."
+        "bf16 mixed precision: float32 weights (unless model_init_kwargs names a dtype), "
+        "forwards under bf16 autocast. None: on when the CUDA device supports it, else fp32."
     )
     logging_steps: float = _help("Log (and append to metrics.jsonl) every N optimizer steps.", 1)
     report_to: None | str | list[str] = _help(
