@@ -172,7 +172,9 @@ def dataset_digest(dataset: Any) -> str | None:
         return None
     h = hashlib.sha256(str(size).encode())
     for i in range(min(size, _PROMPTS_HASHED)):
-        h.update(json.dumps(_plain(dataset[i].get("prompt")), sort_keys=True).encode())
+        row = dataset[i]
+        prompt = row.get("prompt") if isinstance(row, dict) else row
+        h.update(json.dumps(_plain(prompt), sort_keys=True).encode())
     return f"{size} rows, {h.hexdigest()[:16]}"
 
 
