@@ -2,7 +2,8 @@
 
     output_dir/
       adapter_model.safetensors, adapter_config.json   (or the full model), tokenizer files
-      grpo_run.json        RUN_INFO_FILE   what was trained and how (`run_summary`)
+      grpo_run.json        RUN_INFO_FILE   what was trained and how (`run_summary`; `phases`
+                                           when a resume changed it, run/resume.py)
       metrics.jsonl        METRICS_FILE    one JSON line per log (train and eval)
       completions/         COMPLETIONS_DIR step_XXXXX.parquet per logged rollout
       eval.json            EVAL_FILE       held-out evaluation before/after (recipes)

@@ -142,3 +142,34 @@ def test_an_optimizer_hyperparameter_the_restored_optimizer_keeps_is_named(
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         trainer_for(tiny_tokenizer, out, weight_decay=0.1).train(resume_from_checkpoint=True)
     assert "weight_decay 0.0 -> 0.1: not applied; the optimizer restored from" in caplog.text
+
+
+def test_a_schedule_that_reaches_zero_before_the_end_is_named(caplog):
+    """A scheduler built for the first 6 steps (a user's own, which no config change rebuilds),
+    resumed at step 6 of a run raised to 8 steps: steps 7 and 8 would train at lr 0."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import get_linear_schedule_with_warmup
+
+    from grpo_plugin.training.run.resume import SchedulePlan, rebuild_schedule
+
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=0.03)
+    scheduler = get_linear_schedule_with_warmup(optimizer, 0, 6)
+    for _ in range(6):
+        optimizer.step()
+        scheduler.step()
+    args = SimpleNamespace(max_steps=8, lr_scheduler_type="linear")
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        rebuild_schedule(optimizer, scheduler, SchedulePlan(6, {"max_steps": (6, 8)}), args)
+    assert "The linear learning-rate schedule is 0 at step(s) [7, 8] of max_steps=8" in caplog.text
+
+
+def test_output_and_cadence_fields_are_free_to_change():
+    from grpo_plugin.training.run.resume import compare
+
+    saved = {"config": {"save_steps": 2, "logging_steps": 1, "output_dir": "a", "beta": 0.0}}
+    moved = {"config": {"save_steps": 1, "logging_steps": 5, "output_dir": "b", "beta": 0.0}}
+    assert compare(saved, moved).recorded() == {}
+    changed = compare(saved, {"config": {**moved["config"], "beta": 0.1}})
+    assert changed.refused == {"beta": (0.0, 0.1)}
