@@ -173,3 +173,13 @@ def test_output_and_cadence_fields_are_free_to_change():
     assert compare(saved, moved).recorded() == {}
     changed = compare(saved, {"config": {**moved["config"], "beta": 0.1}})
     assert changed.refused == {"beta": (0.0, 0.1)}
+
+
+def test_a_checkpoint_of_an_older_version_resumes_with_a_warning(
+    tiny_tokenizer, finished, tmp_path, caplog
+):
+    out = copy_of(finished, tmp_path)
+    (out / "checkpoint-2" / "grpo_resume.json").unlink()  # written before the record existed
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        trainer_for(tiny_tokenizer, out, num_generations=4).train(resume_from_checkpoint=True)
+    assert "checkpoint-2 has no grpo_resume.json (an older version wrote it)" in caplog.text
