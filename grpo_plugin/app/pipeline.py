@@ -27,6 +27,7 @@ from ..training import distributed
 from ..training.callbacks import evaluation_progress
 from ..training.run import lock as run_lock
 from ..training.run import rundir
+from ..training.run.resume import ResumeRefused
 from .data import dataset_hub_ids, dataset_label
 from .preflight import RecipeData, prepare_run
 from .recipe import Recipe, RecipeError, load_recipe, one_line
@@ -132,8 +133,22 @@ def training_evaluations(trainer, evaluation: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def write_recipe_copy(recipe: Recipe, out: Path) -> None:
+def write_recipe_copy(recipe: Recipe, out: Path, phases: Sequence[dict] = ()) -> None:
+    """recipe.yaml; a run resumed with changes (`phases` of grpo_run.json) says that this recipe
+    is its last phase's, and what each earlier phase ran with instead."""
     header = f"# The recipe as run (from {recipe.source or 'defaults'} plus command-line flags).\n"
+    if len(phases) > 1:
+        header += (
+            f"# This run has {len(phases)} phases (grpo_run.json `phases`); this recipe is the "
+            f"last one's, from step {phases[-1]['from_step'] + 1}.\n"
+        )
+    for before, after in zip(phases, phases[1:]):
+        ran = ", ".join(f"{k}: {old!r}" for k, (old, _) in after.get("changed", {}).items())
+        missing = f" (resumed without {', '.join(after['missing'])})" if "missing" in after else ""
+        header += (
+            f"# Phase {before['phase']} (steps {before['from_step'] + 1}-{after['from_step']}) "
+            f"ran with {ran or 'the same values'}{missing}.\n"
+        )
     text = header + yaml.safe_dump(recipe.raw, sort_keys=False)
     rundir.write_text_atomic(out / rundir.RECIPE_FILE, text)
 
@@ -222,7 +237,10 @@ def _run(recipe: Recipe, rewards: list[Callable], data: RecipeData, out: Path) -
     if held_out is not None and (recipe.args.eval or {}).get("before", True):
         evaluation["before"] = _before(trainer, recipe, data, eval_fn, out)
     t0 = time.perf_counter()
-    trainer.train(resume_from_checkpoint=data.checkpoint)
+    try:
+        trainer.train(resume_from_checkpoint=data.checkpoint)
+    except ResumeRefused as err:  # what only the built trainer sees (rewards, LoRA): one line
+        raise RecipeError(one_line(err)) from err
     evaluation["train_seconds"] = round(time.perf_counter() - t0, 1)
     trainer.save_model(str(out))
     if held_out is not None:
@@ -230,7 +248,7 @@ def _run(recipe: Recipe, rewards: list[Callable], data: RecipeData, out: Path) -
     evaluation.update(training_evaluations(trainer, evaluation))
     if trainer.is_world_process_zero():  # one writer (several processes run this function)
         rundir.write_json(out / rundir.EVAL_FILE, evaluation)
-        write_recipe_copy(recipe, out)
+        write_recipe_copy(recipe, out, (trainer._resume_record or {}).get("phases", ()))
         plot_reward_curve(out)
         write_model_card(out)
     evaluation["total_seconds"] = round(time.perf_counter() - start, 1)

@@ -5,6 +5,9 @@ by `grpo-plugin train` and by `--dry-run` alike (`recipe_checks.check_recipe` do
     load_checked_data  the datasets loaded (a malformed line named by file and line), every
                        reward's columns present, every prompt usable (bad rows named)
     check_lengths      the prompts fit the model's context (its tokenizer and config only)
+    check_resume       a resume: the checkpoint holds every piece of an exact resume, and the
+                       recipe is the run's (`training/run/resume.py`; rewards, LoRA and
+                       model_init_kwargs are compared again once the trainer is built)
 
 Each problem raises `RecipeError` with one line that says how to fix it. The checks themselves are
 `training/inputs.py`'s, which remembers what passed: the trainer, handed the same datasets, neither
@@ -18,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..training import inputs
-from ..training.run import checkpoints
+from ..training.run import checkpoints, resume
 from ..training.run import lock as run_lock
 from .data import load_prompt_datasets
 from .recipe import Recipe, RecipeError, one_line
@@ -85,10 +88,27 @@ def check_lengths(recipe: Recipe, data: RecipeData) -> None:
                 raise RecipeError(one_line(err)) from err
 
 
+def check_resume(recipe: Recipe, data: RecipeData, checkpoint: str) -> None:
+    """Before the model loads: what `GRPOTrainer.train` checks on resume, with what a recipe knows
+    (the trainer checks again, with the rewards, LoRA and model_init_kwargs too)."""
+    c = recipe.config
+    identity = resume.RunIdentity(recipe.args.model, resume.dataset_digest(data.train))
+    current = resume.run_record(c, identity)
+    for name in resume.AFTER_LOAD:
+        current["config"].pop(name, None)
+    try:
+        missing = resume.check_pieces(checkpoint, c)
+        resume.check_config(checkpoint, current, c, missing)
+    except resume.ResumeRefused as err:
+        raise RecipeError(one_line(err)) from err
+
+
 def prepare_run(recipe: Recipe, rewards: list[Callable]) -> RecipeData:
     """Every check above, in order; what the run needs from them."""
     checkpoint = check_run_dir(recipe)
     data = load_checked_data(recipe, rewards)
     check_lengths(recipe, data)
+    if checkpoint is not None:
+        check_resume(recipe, data, checkpoint)
     data.checkpoint = checkpoint
     return data

@@ -55,7 +55,7 @@ from .policy import (
 )
 from .rewards.context import RewardContext
 from .rewards.sources import RewardSources
-from .run import checkpoints, completions_log, guards, lifecycle, rundir
+from .run import checkpoints, completions_log, guards, lifecycle, resume, rundir
 from .run import lock as run_lock
 from .run.state import RunState, mid_rollout
 from .sampling import streaming
@@ -420,6 +420,7 @@ class GRPOTrainer(Trainer):
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         super()._load_optimizer_and_scheduler(checkpoint)
         self._objective.load_state(checkpoint)  # the adaptive entropy coefficient, as TRL
+        resume.after_restore(self, checkpoint)  # the schedule as configured, at the restored step
         state = checkpoints.load_state(checkpoint, self.args.process_index)
         if state is not None:
             self.run_state.load_state_dict(state, self.args.device)

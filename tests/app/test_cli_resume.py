@@ -172,3 +172,73 @@ def test_a_second_concurrent_run_is_refused(recipe, tmp_path):
         holder.wait()
     assert refused.returncode == 2
     assert f"in use by another run (pid {holder.pid} on h, started s)" in refused.stderr
+
+
+def learning_rates(out: Path) -> dict[int, float]:
+    return {r["step"]: r["learning_rate"] for r in metric_lines(out) if "loss" in r}
+
+
+def test_a_checkpoint_without_its_optimizer_is_refused_before_the_model_loads(
+    recipe, uninterrupted, tmp_path
+):
+    out = tmp_path / "no-optimizer"
+    shutil.copytree(uninterrupted, out)
+    shutil.rmtree(out / "checkpoint-5")  # the final one: resume from checkpoint-4
+    (out / "checkpoint-4" / "optimizer.pt").unlink()
+    refused = train(recipe, out, "--resume_from_checkpoint", "true")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        f"error: {out}/checkpoint-4 has no optimizer.pt, and an exact resume needs all of "
+        "optimizer.pt, scheduler.pt, trainer_state.json, grpo_state_0.pt: restore the file(s), "
+        f"resume from the earlier complete checkpoint with --resume_from_checkpoint "
+        f"{out}/checkpoint-2, or pass --resume_as_new_phase true to continue without them "
+        "(not exactly)."
+    ]  # one line, before "Loading model"
+    assert metric_lines(out) == metric_lines(uninterrupted)
+
+
+def test_a_changed_num_generations_is_refused_then_recorded_as_a_second_phase(
+    recipe, uninterrupted, tmp_path
+):
+    out = tmp_path / "new-g"
+    shutil.copytree(uninterrupted, out)
+    for later in ("checkpoint-4", "checkpoint-5"):
+        shutil.rmtree(out / later)  # resume from checkpoint-2
+    flags = ("--resume_from_checkpoint", "true", "--num_generations", "2")
+    refused = train(recipe, out, *flags)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines() == [
+        f"error: {out}/checkpoint-2 was trained with another config: num_generations 4 -> 2; "
+        "resuming would mix two runs under one record. Resume with the checkpoint's values, "
+        "start a new run (another output_dir, or overwrite_output_dir), or pass "
+        "--resume_as_new_phase true to continue from step 2 as a new phase recorded in "
+        "grpo_run.json."
+    ]
+    phased = train(recipe, out, *flags, "--resume_as_new_phase", "true")
+    assert phased.returncode == 0, phased.stderr
+    run = json.loads((out / "grpo_run.json").read_text())
+    assert run["objective"]["num_generations"] == 2  # the last phase's, and the phases say so:
+    assert run["phases"] == [
+        {"phase": 1, "from_step": 0},
+        {"phase": 2, "from_step": 2, "changed": {"num_generations": [4, 2]}},
+    ]
+    header = (out / "recipe.yaml").read_text().splitlines()[1:3]
+    assert header == [
+        "# This run has 2 phases (grpo_run.json `phases`); this recipe is the last one's, "
+        "from step 3.",
+        "# Phase 1 (steps 1-2) ran with num_generations: 4.",
+    ]
+
+
+def test_raising_max_steps_on_resume_continues_the_schedule(recipe, tmp_path):
+    out = tmp_path / "longer"
+    first = train(recipe, out, "--max_steps", "4")  # checkpoint-4: the end of the decay
+    assert first.returncode == 0, first.stderr
+    longer = train(recipe, out, "--resume_from_checkpoint", "true", "--max_steps", "6")
+    assert longer.returncode == 0, longer.stderr
+    lr = learning_rates(out)
+    assert [lr[s] for s in (1, 4)] == [0.03, pytest.approx(0.03 / 4)]  # the first 4 steps' decay
+    assert lr[5] == pytest.approx(0.03 * 2 / 6) and lr[6] == pytest.approx(0.03 / 6)  # not 0.0
+    assert "max_steps 4 -> 6" in longer.stderr and "step 5 trains at learning rate 0.01" in (
+        longer.stderr
+    )

@@ -351,6 +351,14 @@ class GRPOConfig(TrainingArguments):
         "first. Without it such a run is refused (resume it instead).",
         False,
     )
+    resume_as_new_phase: bool = _help(
+        "On resume, continue even though the checkpoint lacks a piece of an exact resume "
+        "(optimizer.pt, scheduler.pt, grpo_state) or the config changes what the run is "
+        "(num_generations, the loss, rewards, model, data, ...): the rest is trained as a new "
+        "phase, recorded in grpo_run.json with its first step and what changed. Without it "
+        "such a resume is refused.",
+        False,
+    )
     reward_timeout: float | None = _help(
         "Seconds one reward call may take before the run stops. None: no limit.", 600.0
     )

@@ -4,6 +4,8 @@
       checkpoint-N/                 visible only once complete (renamed into place)
         trainer_state.json, adapter or model weights, optimizer.pt, scheduler.pt, rng_state*.pth
         grpo_state_<process>.pt      STATE_FILE: this trainer's own state (below)
+        grpo_resume.json             resume.RECORD_FILE: what the run is (its config, model,
+                                     rewards, data), compared on resume (resume.py)
       .checkpoint-staging/           STAGING_DIR: where checkpoint-N is written first
 
 How it differs from `transformers.Trainer`: the Trainer writes `checkpoint-N/` in place, so a

@@ -3,6 +3,8 @@ into a checkpoint, checkpoints written atomically.
 
     train(resume_from_checkpoint)
       resolve_resume       a path or True -> the newest complete checkpoint (checkpoints.py)
+      resume.prepare       every piece of an exact resume there, the config the same run's
+                           (or `resume_as_new_phase`), the run's record for the checkpoints
       run_lock.claim       lock output_dir; refuse a rerun that neither resumes nor overwrites
       cut_back_to_step     metrics.jsonl and completions/ back to the checkpoint's step
       plan_batch           auto_find_batch_size: the micro-batch that fits (autopilot.py),
@@ -26,6 +28,7 @@ from typing import Any
 
 from . import checkpoints, rundir
 from . import lock as run_lock
+from . import resume as resume_checks
 from .preemption import PreemptionCallback, TrainingInterrupted, handlers_installed
 
 logger = logging.getLogger(__name__)
@@ -38,6 +41,7 @@ def train(trainer: Any, base_train: Callable[..., Any], resume: str | bool | Non
     if resume is None and a.resume_from_checkpoint:  # honoured, not silently ignored
         resume = a.resume_from_checkpoint
     checkpoint = checkpoints.resolve_resume(a.output_dir, resume)
+    resume_checks.prepare(trainer, checkpoint)  # every piece there, the same run (resume.py)
     main = trainer.is_world_process_zero()
     if main:  # the earlier run's files as found when the trainer was built (not its own writes)
         found, resuming = trainer._previous_run_files, checkpoint is not None
@@ -99,6 +103,9 @@ def save_checkpoint(trainer: Any, save_staged: Callable[[str], None]) -> None:
         trainer.save_run_state(staged)
         if trainer.is_world_process_zero():
             trainer.state.save_to_json(str(staged / checkpoints.TRAINER_STATE))
+            record = getattr(trainer, "_resume_record", None)  # None: saved outside train()
+            if record is not None:
+                resume_checks.save_record(staged, record)
 
     acc, main = trainer.accelerator, trainer.is_world_process_zero()
     step = trainer.state.global_step

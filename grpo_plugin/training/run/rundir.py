@@ -2,7 +2,8 @@
 
     output_dir/
       adapter_model.safetensors, adapter_config.json   (or the full model), tokenizer files
-      grpo_run.json        RUN_INFO_FILE   what was trained and how (`run_summary`)
+      grpo_run.json        RUN_INFO_FILE   what was trained and how (`run_summary`; `phases`
+                                           when a resume changed it, run/resume.py)
       metrics.jsonl        METRICS_FILE    one JSON line per log (train and eval)
       completions/         COMPLETIONS_DIR step_XXXXX.parquet per logged rollout
       eval.json            EVAL_FILE       held-out evaluation before/after (recipes)
@@ -265,4 +266,7 @@ def trainer_summary(trainer: Any) -> dict[str, Any]:
     )
     summary["evaluation"] = t.eval_watch.summary(t.args, t.state)
     summary["tools"] = [getattr(fn, "__name__", repr(fn)) for fn in t.tools]
+    phases = (getattr(t, "_resume_record", None) or {}).get("phases", [])
+    if len(phases) > 1:  # resumed with changes (run/resume.py): the fields above are the last's
+        summary["phases"] = phases
     return summary
