@@ -26,11 +26,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from . import checkpoints
+from . import checkpoints, rundir
 
 logger = logging.getLogger(__name__)
 
-RECORD_FILE = "grpo_resume.json"  # in checkpoint-N/: `run_record` of the run that wrote it
+RECORD_FILE = rundir.RESUME_RECORD_FILE
 OPTIMIZER, SCHEDULER = "optimizer.pt", "scheduler.pt"  # transformers' names
 
 # How the run is watched, saved, evaluated or reported, not what it trains: free to change.
