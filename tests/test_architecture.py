@@ -115,7 +115,11 @@ TRAINING_ROOMS: list[tuple[str, set[str], str]] = [
         "the one evaluation engine, eval sets and schedule, the reward-hacking watch",
     ),
     ("sampling", {"evaluation", "rewards"}, "the rollout sampler, tools, streamed data"),
-    ("inputs", {"distributed", "evaluation", "sampling"}, "the trainer's inputs, checked once"),
+    (
+        "inputs",
+        {"distributed", "evaluation", "run", "sampling"},
+        "the trainer's inputs, checked once",
+    ),
     ("autopilot", {"inputs", "run", "sampling"}, "the memory autopilot"),
     ("publish", {"evaluation", "policy", "run"}, "the model card, its plots, the Hub"),
     ("trainer", {"*"}, "GRPOTrainer: orchestration, imports any room"),
