@@ -239,9 +239,10 @@ def publish_from_args(args: argparse.Namespace) -> int:
             include_checkpoints=args.include_checkpoints,
             include_completions=args.include_completions,
         )
-    except (ValueError, HubPublishError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    except ValueError as err:  # bad input, found before anything loads or uploads
+        return fail(str(err))
+    except HubPublishError as err:
+        return fail(str(err), code=1)
     print(f"Published to {url}")
     return 0
 

@@ -121,7 +121,7 @@ TRAINING_ROOMS: list[tuple[str, set[str], str]] = [
         "the trainer's inputs, checked once",
     ),
     ("autopilot", {"inputs", "run", "sampling"}, "the memory autopilot"),
-    ("publish", {"evaluation", "policy", "run"}, "the model card, its plots, the Hub"),
+    ("publish", {"evaluation", "inputs", "policy", "run"}, "the model card, its plots, the Hub"),
     ("trainer", {"*"}, "GRPOTrainer: orchestration, imports any room"),
 ]
 

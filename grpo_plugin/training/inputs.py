@@ -6,6 +6,7 @@ them) and `GRPOTrainer` (for Python users) both run them.
   the newest checkpoint's size plus a margin, `MIN_FREE_MB` before the first).
 - `check_model_source`: an existing local directory, an `embedded:` name, or a valid Hub id that
   is in the local cache when the Hub is offline (`HF_HUB_OFFLINE=1`).
+- `check_adapter_dir`: a LoRA adapter directory with its `adapter_config.json`.
 - `check_prompts`: every prompt a non-empty string or a non-empty list of chat messages, the bad
   row named by its index.
 - `check_prompt_lengths` (needs the tokenizer): prompts that do not fit the model's context with
@@ -129,6 +130,20 @@ def check_model_source(name: Any) -> None:
         raise ValueError(
             f"model {name!r} is not a local directory and not in the Hugging Face cache, and the "
             "Hub is offline (HF_HUB_OFFLINE=1); download it first or give a local directory."
+        )
+
+
+def check_adapter_dir(adapter: str | os.PathLike) -> None:
+    """A LoRA adapter given by path: an existing directory holding `adapter_config.json`."""
+    path = Path(adapter).expanduser()
+    if not path.is_dir():
+        raise ValueError(
+            f"adapter {adapter} is not a directory; pass a run's output_dir or a checkpoint-N dir."
+        )
+    if not (path / "adapter_config.json").is_file():
+        raise ValueError(
+            f"adapter {adapter} has no adapter_config.json (not a LoRA adapter; a full fine-tune "
+            "is a model: pass it as --model)."
         )
 
 
