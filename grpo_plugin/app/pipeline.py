@@ -282,6 +282,7 @@ def evaluate_model(
     bad arguments raise `RecipeError` before the model loads."""
     from ..training.evaluation.engine import evaluate
     from ..training.policy import load_adapter, load_policy
+    from ..training.rewards.reward_models import resolve_reward_name
     from ..training.sampling.tools import ToolInputs
     from .data import load_prompt_datasets, parse_dataset_arg, validate_dataset_spec
 
@@ -290,7 +291,7 @@ def evaluate_model(
         if eval_size is not None:
             spec["eval_size"] = eval_size
         validate_dataset_spec(spec)
-        reward_fn = reward_fns.resolve(reward)
+        reward_fn = resolve_reward_name(reward)  # names, 'module:function', 'file.py:function'
         train, held_out = load_prompt_datasets(spec)
         data = held_out if held_out is not None else train
         if eval_size is not None:

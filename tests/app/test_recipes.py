@@ -208,3 +208,20 @@ def test_trl_script_arguments_point_to_the_recipe_key(key, hint):
         build_recipe({**ARITH, key: "x"})
     with pytest.raises(RecipeError, match=re.escape(hint)):
         load_recipe(None, ["--dataset.name", "arithmetic", f"--{key}", "x"])
+
+
+@pytest.mark.parametrize("spec", ["fr_myrew.py:lenrew", "fr_myrew:lenrew"])
+def test_a_reward_file_next_to_the_recipe(tmp_path, monkeypatch, spec):
+    """Rewards are named like tools and eval_metrics: 'file.py:fn' or 'module:fn' beside the
+    recipe, without PYTHONPATH (one loader: training/user_code.py)."""
+    monkeypatch.chdir(tmp_path.parent)  # not the recipe's folder
+    (tmp_path / "fr_myrew.py").write_text(
+        "def lenrew(completions, **kw):\n    return [float(len(c)) for c in completions]\n"
+    )
+    path = tmp_path / "r.yaml"
+    path.write_text(f"dataset: {{name: arithmetic}}\nreward_funcs: [{spec!r}]\n")
+    (fn,) = check_recipe(load_recipe(path))
+    assert fn.__name__ == "lenrew" and fn(completions=["abc"]) == [3.0]
+    path.write_text("dataset: {name: arithmetic}\nreward_funcs: ['fr_nope:lenrew']\n")
+    with pytest.raises(RecipeError, match=r"cannot import 'fr_nope'; tried .*PYTHONPATH"):
+        check_recipe(load_recipe(path))
