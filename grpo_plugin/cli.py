@@ -20,6 +20,7 @@ import atexit
 import json
 import logging
 import shlex
+import signal
 import sys
 import warnings
 from collections.abc import Sequence
@@ -80,6 +81,19 @@ def resume_command(argv: Sequence[str]) -> str:
     return " ".join(["grpo-plugin", "train", *kept, "--resume_from_checkpoint", "true"])
 
 
+def aborted_line(argv: Sequence[str], output_dir: str) -> str:
+    """What to run after an abort: resume from the newest complete checkpoint, else start over."""
+    from .training.run.checkpoints import has_complete
+
+    if has_complete(output_dir):
+        return f"Aborted without saving this step. To resume: {resume_command(argv)}"
+    again = resume_command(argv).removesuffix(" --resume_from_checkpoint true")
+    return (
+        f"Aborted; no checkpoint was saved, so there is nothing to resume. To start over: "
+        f"{again} --overwrite_output_dir"
+    )
+
+
 def cmd_train(argv: Sequence[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         recipe_parser().print_help()
@@ -95,6 +109,7 @@ def cmd_train(argv: Sequence[str]) -> int:
     from .training.rewards.scoring import RewardFunctionError
     from .training.run.preemption import TrainingInterrupted
 
+    recipe = None
     try:
         recipe = load_recipe(path, flags)
         rewards = check_recipe(recipe)
@@ -117,6 +132,10 @@ def cmd_train(argv: Sequence[str]) -> int:
     except TrainingInterrupted as stop:
         print(f"{stop}\nTo resume: {resume_command(argv)}", file=sys.stderr)
         return stop.exit_code
+    except KeyboardInterrupt:  # a second Ctrl-C: aborted without saving
+        where = recipe.config.output_dir if recipe is not None else None
+        print(aborted_line(argv, where) if where else "Aborted.", file=sys.stderr)
+        return 128 + signal.SIGINT
     from .training.distributed import is_main_process
 
     if is_main_process():  # under `accelerate launch`, one summary, not one per process
@@ -239,9 +258,10 @@ def publish_from_args(args: argparse.Namespace) -> int:
             include_checkpoints=args.include_checkpoints,
             include_completions=args.include_completions,
         )
-    except (ValueError, HubPublishError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    except ValueError as err:  # bad input, found before anything loads or uploads
+        return fail(str(err))
+    except HubPublishError as err:
+        return fail(str(err), code=1)
     print(f"Published to {url}")
     return 0
 

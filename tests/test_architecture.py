@@ -102,22 +102,35 @@ def test_no_import_cycles():
 # ladder, never a cycle. A new import between rooms is an edit here, made on purpose.
 TRAINING_ROOMS: list[tuple[str, set[str], str]] = [
     ("config", set(), "GRPOConfig and its cross-field checks"),
+    ("user_code", set(), "the user's callables: 'module:function', 'file.py:function'"),
     ("distributed", set(), "processes: shards, gathers, launch checks"),
     ("metrics", set(), "the metrics window, zero-std watch, TRL-named reward metrics"),
     ("policy", set(), "loading the policy, reference, LoRA / QLoRA"),
-    ("rewards", {"distributed"}, "reward functions and models, the scorer and its watchdog"),
+    (
+        "rewards",
+        {"distributed", "user_code"},
+        "reward functions and models, the scorer and its watchdog",
+    ),
     ("run", {"distributed", "metrics", "rewards"}, "the run dir, checkpoints, resume, RunState"),
     ("callbacks", {"policy", "run"}, "progress, metrics.jsonl, reference syncing"),
     ("objective", {"distributed", "policy", "run"}, "advantages, the loss and its extras"),
     (
         "evaluation",
-        {"callbacks", "distributed", "metrics", "objective", "policy", "rewards"},
+        {"callbacks", "distributed", "metrics", "objective", "policy", "rewards", "user_code"},
         "the one evaluation engine, eval sets and schedule, the reward-hacking watch",
     ),
-    ("sampling", {"evaluation", "rewards"}, "the rollout sampler, tools, streamed data"),
-    ("inputs", {"distributed", "evaluation", "sampling"}, "the trainer's inputs, checked once"),
+    (
+        "sampling",
+        {"evaluation", "rewards", "user_code"},
+        "the rollout sampler, tools, streamed data",
+    ),
+    (
+        "inputs",
+        {"distributed", "evaluation", "run", "sampling"},
+        "the trainer's inputs, checked once",
+    ),
     ("autopilot", {"inputs", "run", "sampling"}, "the memory autopilot"),
-    ("publish", {"evaluation", "policy", "run"}, "the model card, its plots, the Hub"),
+    ("publish", {"evaluation", "inputs", "policy", "run"}, "the model card, its plots, the Hub"),
     ("trainer", {"*"}, "GRPOTrainer: orchestration, imports any room"),
 ]
 

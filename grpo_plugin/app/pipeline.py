@@ -23,7 +23,7 @@ import yaml
 
 import reward_fns
 
-from ..training import distributed
+from ..training import distributed, inputs
 from ..training.callbacks import evaluation_progress
 from ..training.run import lock as run_lock
 from ..training.run import rundir
@@ -300,6 +300,7 @@ def evaluate_model(
     bad arguments raise `RecipeError` before the model loads."""
     from ..training.evaluation.engine import evaluate
     from ..training.policy import load_adapter, load_policy
+    from ..training.rewards.reward_models import resolve_reward_name
     from ..training.sampling.tools import ToolInputs
     from .data import load_prompt_datasets, parse_dataset_arg, validate_dataset_spec
 
@@ -308,15 +309,18 @@ def evaluate_model(
         if eval_size is not None:
             spec["eval_size"] = eval_size
         validate_dataset_spec(spec)
-        reward_fn = reward_fns.resolve(reward)
+        reward_fn = resolve_reward_name(reward)  # names, 'module:function', 'file.py:function'
         train, held_out = load_prompt_datasets(spec)
         data = held_out if held_out is not None else train
         if eval_size is not None:
             data = data.select(range(min(eval_size, len(data))))
+        if adapter:
+            inputs.check_adapter_dir(adapter)
         model_name = model or (adapter and _base_of_adapter(adapter))
         if not model_name:
             raise RecipeError("pass --model (or --adapter DIR of a grpo-plugin run)")
         tool_inputs = ToolInputs.check(tools or None, None, None)
+        inputs.check_model_source(model_name)  # as `train` checks it: before anything loads
     except (ValueError, TypeError, KeyError) as err:
         raise RecipeError(one_line(err)) from err
     policy, tokenizer = load_policy(model_name, load_in_4bit=load_in_4bit)

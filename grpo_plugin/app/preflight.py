@@ -42,9 +42,10 @@ def check_run_dir(recipe: Recipe) -> str | None:
     c = recipe.config
     try:
         inputs.check_output_dir(c.output_dir)
+        # a live run first: "resume it" or "overwrite it" would be wrong advice while it runs
+        run_lock.check_not_in_use(c.output_dir)
         checkpoint = checkpoints.resolve_resume(c.output_dir, c.resume_from_checkpoint)
         run_lock.check_rerun(c.output_dir, checkpoint is not None, c.overwrite_output_dir)
-        run_lock.check_not_in_use(c.output_dir)
         inputs.check_model_source(recipe.args.model)
     except (ValueError, run_lock.OutputDirInUse) as err:
         raise RecipeError(one_line(err)) from err

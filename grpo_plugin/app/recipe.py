@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from transformers import HfArgumentParser
 
 from ..training.config.grpo_config import GRPOConfig
 from .recipe_library import find_recipe
+from .recipe_types import coerce_values, field_types
 
 DICT_FIELDS = ("dataset", "lora", "eval")
 
@@ -112,7 +114,15 @@ def recipe_parser(prog: str = "grpo-plugin train RECIPE.yaml") -> HfArgumentPars
     return parser
 
 
+_FLAG_TYPE = re.compile(r"argument --(\w+)\S*: invalid (int|float|string_to_bool) value: (.*)")
+_TYPE_WORDS = {"int": "an integer", "float": "a number", "string_to_bool": "true or false"}
+
+
 def _raise_parse_error(message: str) -> None:
+    bad = _FLAG_TYPE.match(message)  # argparse's "argument --max_steps/--max-steps: invalid ..."
+    if bad:
+        name, kind, value = bad.groups()
+        message = f"{name} must be {_TYPE_WORDS[kind]}, got {value} (flag --{name})."
     raise RecipeError(message)
 
 
@@ -122,7 +132,38 @@ def recipe_keys() -> set[str]:
     }
 
 
+# TRL's script arguments (`ScriptArguments`, `ModelConfig` in trl/scripts) -> where a recipe
+# says the same thing.
+TRL_KEYS = {
+    "model_name_or_path": "`model: NAME_OR_DIR`",
+    "dataset_name": "`dataset: {name: NAME}` (or {path: FILE})",
+    "dataset_config": "`dataset: {name: NAME}`",
+    "dataset_train_split": "`dataset: {split: SPLIT}`",
+    "dataset_test_split": "`dataset: {eval_path: FILE}` or `dataset: {eval_size: N}`",
+    "use_peft": "`lora: {r: 16, lora_alpha: 32}`",
+    "lora_r": "`lora: {r: N}`",
+    "lora_alpha": "`lora: {lora_alpha: N}`",
+    "lora_dropout": "`lora: {lora_dropout: X}`",
+    "lora_target_modules": "`lora: {target_modules: [...]}`",
+    "lora_modules_to_save": "`lora: {modules_to_save: [...]}`",
+    "lora_task_type": "`lora: {task_type: ...}`",
+    "use_rslora": "`lora: {use_rslora: true}`",
+    "use_dora": "`lora: {use_dora: true}`",
+    "dtype": "`model_init_kwargs: {dtype: bfloat16}`",
+    "torch_dtype": "`model_init_kwargs: {dtype: bfloat16}`",
+    "attn_implementation": "`model_init_kwargs: {attn_implementation: ...}`",
+    "model_revision": "`model_init_kwargs: {revision: ...}`",
+}
+
+
 def unknown_key_message(key: str, known: Sequence[str], where: str = "recipe") -> str:
+    """One line: the unknown key, the recipe's name for a TRL script argument, or the closest
+    known key."""
+    if where in ("recipe", "flag") and key in TRL_KEYS:
+        return (
+            f"unknown {where} key {key!r}: that is TRL's script argument; a recipe says "
+            f"{TRL_KEYS[key]} (`grpo-plugin train --help` lists every key)"
+        )
     close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return f"unknown {where} key {key!r}{hint} (`grpo-plugin train --help` lists every key)"
@@ -245,6 +286,11 @@ def build_recipe(raw: dict[str, Any], source: str | None = None) -> Recipe:
     for key in raw:
         if key not in known:
             raise RecipeError(unknown_key_message(key, known))
+    try:  # "1e-3" -> 0.001 for a float field; `beta: yes` refused (one line naming the field)
+        fields = field_types(RecipeArguments, GRPOConfig)
+        raw = coerce_values(raw, fields, skip=("reward_funcs", *DICT_FIELDS))
+    except ValueError as err:
+        raise RecipeError(one_line(err)) from err
     try:
         args, config = recipe_parser().parse_dict(raw, allow_extra_keys=False)
     except (ValueError, TypeError) as err:

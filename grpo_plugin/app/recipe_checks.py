@@ -20,6 +20,7 @@ import reward_fns
 from ..training.config.grpo_config import GRPOConfig
 from ..training.evaluation.setup import check_eval_setup, resolve_eval_metrics
 from ..training.rewards.context import TRAINER_KWARGS
+from ..training.rewards.reward_models import resolve_reward_name
 from .data import has_held_out, known_columns, validate_dataset_spec
 from .recipe import Recipe, RecipeError, one_line, unknown_key_message
 
@@ -87,9 +88,10 @@ def _fill_from_config(fn: Callable, params: dict[str, Any], config: GRPOConfig) 
 def resolve_rewards(recipe: Recipe, specs: list | None = None) -> list[Callable]:
     """Every reward resolved through `reward_fns.resolve` (unknown names -> RecipeError)."""
     resolved = []
+    base = Path(recipe.source).parent if recipe.source else None  # files next to the recipe
     for name, params in reward_specs(recipe.args.reward_funcs) if specs is None else specs:
         try:
-            fn = reward_fns.resolve(name)
+            fn = resolve_reward_name(name, base) if isinstance(name, str) else name
             resolved.append(reward_fns.resolve(fn, **_fill_from_config(fn, params, recipe.config)))
         except (KeyError, ValueError, TypeError, ImportError, AttributeError) as err:
             raise RecipeError(one_line(err)) from err

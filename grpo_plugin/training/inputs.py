@@ -2,9 +2,11 @@
 with one line that says how to fix it; the recipe checker (`app/preflight`, so `--dry-run` sees
 them) and `GRPOTrainer` (for Python users) both run them.
 
-- `check_output_dir`: not a file, writable, with room for checkpoints (`MIN_FREE_MB`).
+- `check_output_dir`: not a file, writable, with room for checkpoints (`needed_free_mb`: twice
+  the newest checkpoint's size plus a margin, `MIN_FREE_MB` before the first).
 - `check_model_source`: an existing local directory, an `embedded:` name, or a valid Hub id that
   is in the local cache when the Hub is offline (`HF_HUB_OFFLINE=1`).
+- `check_adapter_dir`: a LoRA adapter directory with its `adapter_config.json`.
 - `check_prompts`: every prompt a non-empty string or a non-empty list of chat messages, the bad
   row named by its index.
 - `check_prompt_lengths` (needs the tokenizer): prompts that do not fit the model's context with
@@ -37,11 +39,13 @@ from ..models import is_embedded
 from ..rollout.prompts import encode_prompts, prompt_problem
 from .distributed import check_launch
 from .evaluation.setup import check_eval_datasets
+from .run import checkpoints
 from .sampling.streaming import check_streamed_training, is_streamed, stream_columns
 
 logger = logging.getLogger(__name__)
 
-MIN_FREE_MB = 256  # a LoRA checkpoint of a small model, the metrics and the completion tables
+MIN_FREE_MB = 256  # no checkpoint yet: a LoRA checkpoint of a small model, metrics, completions
+CHECKPOINT_MARGIN_MB = 32  # beside two checkpoints: metrics.jsonl, the completion tables, eval.json
 LENGTH_SAMPLE = 20_000  # prompts tokenized by `check_prompt_lengths` (the first ones)
 _OFFLINE = ("1", "ON", "YES", "TRUE")
 
@@ -70,11 +74,30 @@ def check_output_dir(output_dir: str | os.PathLike) -> None:
             "output_dir."
         ) from None
     free_mb = shutil.disk_usage(base).free / 2**20
-    if free_mb < MIN_FREE_MB:
+    need_mb, why = needed_free_mb(path)
+    if free_mb < need_mb:
         raise ValueError(
-            f"output_dir {path} is on a nearly full device ({free_mb:.0f} MB free, at least "
-            f"{MIN_FREE_MB} MB needed for checkpoints); free some space or choose another output_dir."
+            f"output_dir {path} is on a nearly full device ({free_mb:.0f} MB free, {need_mb:.0f} "
+            f"MB needed: {why}); free some space or choose another output_dir."
         )
+
+
+def _folder_mb(folder: Path) -> float:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20
+
+
+def needed_free_mb(output_dir: str | os.PathLike) -> tuple[float, str]:
+    """The free space a run into `output_dir` needs, and why (for the message): twice its
+    newest checkpoint (the next one is written before the oldest is rotated out) plus
+    `CHECKPOINT_MARGIN_MB`; `MIN_FREE_MB` when it has none yet (a fresh run, size unknown)."""
+    found = checkpoints.checkpoints(output_dir)
+    if not found:
+        return float(MIN_FREE_MB), "an estimate for the first checkpoints"
+    size = _folder_mb(found[-1])
+    return 2 * size + CHECKPOINT_MARGIN_MB, (
+        f"2 x {size:.0f} MB for {found[-1].name} and the next checkpoint, "
+        f"+ {CHECKPOINT_MARGIN_MB} MB for metrics and completions"
+    )
 
 
 # --- the model -----------------------------------------------------------------------------------
@@ -107,6 +130,20 @@ def check_model_source(name: Any) -> None:
         raise ValueError(
             f"model {name!r} is not a local directory and not in the Hugging Face cache, and the "
             "Hub is offline (HF_HUB_OFFLINE=1); download it first or give a local directory."
+        )
+
+
+def check_adapter_dir(adapter: str | os.PathLike) -> None:
+    """A LoRA adapter given by path: an existing directory holding `adapter_config.json`."""
+    path = Path(adapter).expanduser()
+    if not path.is_dir():
+        raise ValueError(
+            f"adapter {adapter} is not a directory; pass a run's output_dir or a checkpoint-N dir."
+        )
+    if not (path / "adapter_config.json").is_file():
+        raise ValueError(
+            f"adapter {adapter} has no adapter_config.json (not a LoRA adapter; a full fine-tune "
+            "is a model: pass it as --model)."
         )
 
 

@@ -197,3 +197,34 @@ def test_eval_takes_the_same_tools(tiny_model_dir, tmp_path, capsys):
 def test_eval_unknown_reward(capsys):
     assert cli.main(["eval", "--model", "x", "--dataset", "arithmetic", "--reward", "nope"]) == 2
     assert "unknown reward 'nope'" in _one_error_line(capsys)
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fail the test if `grpo-plugin eval` gets as far as loading a model."""
+
+    def boom(*args, **kwargs):
+        raise AssertionError("load_policy was reached: the arguments should have been rejected")
+
+    monkeypatch.setattr("grpo_plugin.training.policy.load_policy", boom)
+
+
+def test_eval_checks_the_model_and_adapter_before_loading(
+    tiny_model_dir, tmp_path, capsys, no_model_load
+):
+    base = ["eval", "--dataset", "arithmetic", "--reward", "last_integer"]
+    model = ["--model", str(tiny_model_dir)]
+    assert cli.main([*base, *model, "--adapter", str(tmp_path / "no-run")]) == 2
+    assert f"adapter {tmp_path / 'no-run'} is not a directory" in _one_error_line(capsys)
+    (tmp_path / "empty").mkdir()
+    assert cli.main([*base, *model, "--adapter", str(tmp_path / "empty")]) == 2
+    assert "has no adapter_config.json" in _one_error_line(capsys)
+    assert cli.main([*base, "--model", str(tmp_path / "no-model")]) == 2
+    assert f"model path {tmp_path / 'no-model'} does not exist" in _one_error_line(capsys)
+    adapter = tmp_path / "adapter"  # its base moved away since training
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(
+        json.dumps({"base_model_name_or_path": str(tmp_path / "moved")})
+    )
+    assert cli.main([*base, "--adapter", str(adapter)]) == 2
+    assert f"model path {tmp_path / 'moved'} does not exist" in _one_error_line(capsys)

@@ -39,7 +39,8 @@ import os, signal
 
 def mean_code(prompts, completions, trainer_state, **kw):
     if os.environ.get("FAULT") and trainer_state.global_step == int(os.environ["FAULT_STEP"]):
-        os.kill(os.getpid(), getattr(signal, os.environ["FAULT"]))
+        for _ in range(2 if os.environ["FAULT"] == "SIGINT2" else 1):  # SIGINT2: a double Ctrl-C
+            os.kill(os.getpid(), getattr(signal, os.environ["FAULT"].removesuffix("2")))
     texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
     return [sum(map(ord, t)) / (128 * max(1, len(t))) for t in texts]
 """
@@ -242,3 +243,22 @@ def test_raising_max_steps_on_resume_continues_the_schedule(recipe, tmp_path):
     assert "max_steps 4 -> 6" in longer.stderr and "step 5 trains at learning rate 0.01" in (
         longer.stderr
     )
+
+
+def test_after_a_double_ctrl_c_the_next_run_says_the_one_way_out(recipe, tmp_path):
+    """Two SIGINTs before the first checkpoint: no traceback, and every next message points the
+    same way (start over), never back and forth between "resume it" and "drop the flag"."""
+    out = tmp_path / "run"
+    aborted = train(recipe, out, fault="SIGINT2", step=1)  # step 1 logged, no checkpoint
+    assert aborted.returncode == 130, aborted.stderr[-2000:]
+    assert "Traceback" not in aborted.stderr
+    last = aborted.stderr.strip().splitlines()[-1]
+    assert "no checkpoint was saved" in last and "--overwrite_output_dir" in last
+    for flags in ((), ("--resume_from_checkpoint", "true")):
+        again = train(recipe, out, *flags)
+        assert again.returncode == 2 and again.stderr.count("\n") == 1, again.stderr
+        assert "--overwrite_output_dir" in again.stderr and "resume it" not in again.stderr
+        assert "drop the flag" not in again.stderr and "no complete checkpoint" in again.stderr
+    done = train(recipe, out, "--overwrite_output_dir")  # following the advice works
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (out / "adapter_model.safetensors").is_file()

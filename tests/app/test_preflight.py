@@ -187,3 +187,30 @@ def test_a_recipe_file_that_is_not_a_recipe(tmp_path, capsys, content, expected)
     path = tmp_path / "bad.yaml"
     path.write_bytes(content)
     assert expected in dry_run(capsys, str(path))
+
+
+def test_a_directory_in_use_is_named_first_even_when_it_holds_a_run(make, capsys, tmp_path):
+    """A live lock beats "already holds a run; resume it": resuming a run that is running would
+    fail anyway, so the first message names the holder."""
+    import subprocess
+    import sys
+
+    from grpo_plugin.training.run import lock as run_lock
+
+    out = tmp_path / "out"
+    (out / "completions").mkdir(parents=True)  # the running run's files
+    (out / "metrics.jsonl").write_text("{}\n")
+    hold = (
+        "import fcntl, json, os, time\n"
+        f"fd = os.open({str(out / run_lock.LOCK_FILE)!r}, os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+        "os.write(fd, json.dumps({'pid': os.getpid(), 'host': 'h', 'started': 'now'}).encode())\n"
+        "print('held', flush=True)\ntime.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        assert f"is in use by another run (pid {proc.pid} on h" in dry_run(capsys, make(out=out))
+    finally:
+        proc.kill()
+        proc.wait()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,79 @@ def test_unknown_key_suggests_the_close_match():
         build_recipe({"dataset": {"name": "arithmetic"}, "learnig_rate": 1e-4})
     with pytest.raises(RecipeError, match="no `dataset`"):
         build_recipe({})
+
+
+ARITH = {"dataset": {"name": "arithmetic"}}
+
+
+def test_yaml_strings_are_read_as_the_fields_types(tmp_path):
+    """PyYAML reads `1e-3` as a string; a float field takes it as 0.001, an int field "8"."""
+    path = tmp_path / "r.yaml"
+    path.write_text("dataset: {name: arithmetic}\nlearning_rate: 1e-3\nnum_generations: '4'\n")
+    recipe = load_recipe(path, ["--per_device_train_batch_size", "8"])
+    assert recipe.config.learning_rate == 1e-3 and recipe.config.num_generations == 4
+    assert recipe.raw["learning_rate"] == 1e-3  # recipe.yaml records the number
+    recipe = build_recipe({**ARITH, "max_steps": 8.0, "beta": 0, "reward_weights": ["2"]})
+    assert recipe.config.max_steps == 8 and isinstance(recipe.config.max_steps, int)
+    assert recipe.config.beta == 0.0 and recipe.config.reward_weights == [2.0]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("num_generations", "eight", "num_generations must be an integer, got 'eight'."),
+        ("beta", True, "beta must be a number, got True (YAML reads yes/no"),
+        ("max_steps", 2.5, "max_steps must be an integer, got 2.5."),
+        ("max_prompt_length", "long", "max_prompt_length must be an integer or null, got 'long'"),
+        ("learning_rate", None, "learning_rate must be a number, got None."),
+        ("load_in_4bit", "maybe", "load_in_4bit must be true or false, got 'maybe'"),
+    ],
+)
+def test_values_the_type_does_not_allow_get_one_line_naming_the_field(key, value, message):
+    with pytest.raises(RecipeError) as err:
+        build_recipe({**ARITH, key: value})
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max_steps", "2.5"], "max_steps must be an integer, got '2.5' (flag --max_steps)."),
+        (["--beta", "yes"], "beta must be a number, got 'yes' (flag --beta)."),
+    ],
+)
+def test_flags_with_the_wrong_type_name_the_field(flags, message):
+    with pytest.raises(RecipeError, match=re.escape(message)):
+        load_recipe(None, ["--dataset.name", "arithmetic", *flags])
+
+
+@pytest.mark.parametrize(
+    ("key", "hint"),
+    [
+        ("model_name_or_path", "a recipe says `model: NAME_OR_DIR`"),
+        ("dataset_name", "a recipe says `dataset: {name: NAME}`"),
+        ("lora_r", "a recipe says `lora: {r: N}`"),
+    ],
+)
+def test_trl_script_arguments_point_to_the_recipe_key(key, hint):
+    with pytest.raises(RecipeError, match=re.escape(hint)):
+        build_recipe({**ARITH, key: "x"})
+    with pytest.raises(RecipeError, match=re.escape(hint)):
+        load_recipe(None, ["--dataset.name", "arithmetic", f"--{key}", "x"])
+
+
+@pytest.mark.parametrize("spec", ["fr_myrew.py:lenrew", "fr_myrew:lenrew"])
+def test_a_reward_file_next_to_the_recipe(tmp_path, monkeypatch, spec):
+    """Rewards are named like tools and eval_metrics: 'file.py:fn' or 'module:fn' beside the
+    recipe, without PYTHONPATH (one loader: training/user_code.py)."""
+    monkeypatch.chdir(tmp_path.parent)  # not the recipe's folder
+    (tmp_path / "fr_myrew.py").write_text(
+        "def lenrew(completions, **kw):\n    return [float(len(c)) for c in completions]\n"
+    )
+    path = tmp_path / "r.yaml"
+    path.write_text(f"dataset: {{name: arithmetic}}\nreward_funcs: [{spec!r}]\n")
+    (fn,) = check_recipe(load_recipe(path))
+    assert fn.__name__ == "lenrew" and fn(completions=["abc"]) == [3.0]
+    path.write_text("dataset: {name: arithmetic}\nreward_funcs: ['fr_nope:lenrew']\n")
+    with pytest.raises(RecipeError, match=r"cannot import 'fr_nope'; tried .*PYTHONPATH"):
+        check_recipe(load_recipe(path))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import shutil
 import weakref
 from types import SimpleNamespace
 
@@ -72,3 +73,28 @@ def test_a_bad_prompt_is_refused_every_time_and_the_memo_dies_with_its_dataset(t
     del good
     gc.collect()
     assert gone() is None  # the memo held no strong reference to the dataset
+
+
+def _free(monkeypatch, tmp_path, mb):
+    usage = shutil.disk_usage(tmp_path)._replace(free=int(mb * 2**20))
+    monkeypatch.setattr(inputs.shutil, "disk_usage", lambda path: usage)
+
+
+def test_the_free_space_floor_is_sized_from_the_runs_newest_checkpoint(tmp_path, monkeypatch):
+    """A resume with 235 MB free and 22 MB checkpoints fits (2 x 22 + margin); 256 MB was a
+    fixed floor before. The message names the numbers."""
+    out = tmp_path / "run"
+    for step, mb in ((5, 90), (10, 22)):  # the newest one counts
+        (out / f"checkpoint-{step}").mkdir(parents=True)
+        with open(out / f"checkpoint-{step}" / "adapter_model.safetensors", "wb") as f:
+            f.truncate(mb * 2**20)  # sparse: the size counts, not the disk
+    _free(monkeypatch, tmp_path, 235)
+    inputs.check_output_dir(out)
+    _free(monkeypatch, tmp_path, 50)
+    need = 2 * 22 + inputs.CHECKPOINT_MARGIN_MB
+    with pytest.raises(ValueError) as err:
+        inputs.check_output_dir(out)
+    assert f"(50 MB free, {need} MB needed: 2 x 22 MB for checkpoint-10" in str(err.value)
+    _free(monkeypatch, tmp_path, 235)  # a fresh run: the estimate
+    with pytest.raises(ValueError, match=rf"235 MB free, {inputs.MIN_FREE_MB} MB needed"):
+        inputs.check_output_dir(tmp_path / "fresh")

@@ -125,6 +125,11 @@ def check_loss(config: Any) -> None:
     _check_reference(config)
     if config.router_aux_loss_coef is not None and config.router_aux_loss_coef < 0:
         raise ValueError(f"router_aux_loss_coef={config.router_aux_loss_coef} must be >= 0.")
+    if config.max_completion_length < 1:
+        raise ValueError(
+            f"max_completion_length={config.max_completion_length} must be >= 1 (the new tokens "
+            "each completion may have); e.g. max_completion_length=256."
+        )
     config.loss_params()  # validates every loss hyperparameter (core/objectives, the one home)
     if config.num_iterations < 1:
         raise ValueError(f"num_iterations={config.num_iterations} must be >= 1.")

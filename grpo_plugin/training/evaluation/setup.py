@@ -7,12 +7,11 @@ it before loading the model and `grpo-plugin train` turns it into exit code 2.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from ..user_code import load_callable
 
 EvalMetricsFn = Callable[..., dict[str, float]]
 # What every evaluation logs, before the `eval_` (or `eval_<name>_`) prefix; see eval_loop.py.
@@ -46,45 +45,6 @@ BUILTIN_KEYS = (
 
 
 # ----------------------------------------------------------------------------- the hook
-
-
-def _load_file_module(path: Path) -> Any:
-    name = f"_grpo_user_{path.stem}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def load_callable(spec: str, what: str, base_dir: str | Path | None = None) -> Callable:
-    """`"package.module:function"` or `"path/to/file.py:function"` (relative to `base_dir`, else
-    the working directory) as a callable; a ValueError names `what` and the fix."""
-    if not isinstance(spec, str) or spec.count(":") != 1 or not all(spec.split(":")):
-        raise ValueError(
-            f"{what}={spec!r} must be 'module:function' or 'file.py:function' "
-            f"(e.g. {what}: my_module:my_function)"
-        )
-    module_name, attr = spec.split(":")
-    try:
-        if module_name.endswith(".py"):
-            path = Path(module_name)
-            if not path.is_absolute() and base_dir is not None and not path.is_file():
-                path = Path(base_dir) / path
-            if not path.is_file():
-                raise FileNotFoundError(f"no file {module_name}")
-            module = _load_file_module(path)
-        else:
-            module = importlib.import_module(module_name)
-    except Exception as err:  # a missing module, or user code that fails on import
-        raise ValueError(
-            f"{what}={spec!r}: cannot import {module_name!r} ({type(err).__name__}: {err}); "
-            "give an importable module or a .py file path"
-        ) from err
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(f"{what}={spec!r}: {module_name!r} has no function {attr!r}")
-    return fn
 
 
 def resolve_eval_metrics(

@@ -27,6 +27,7 @@ from pathlib import Path
 from huggingface_hub import CommitOperationAdd, HfApi, constants, get_token
 from huggingface_hub.errors import HfHubHTTPError
 
+from ..inputs import check_model_source
 from ..run.rundir import (
     CARD_FILE,
     COMPLETIONS_DIR,
@@ -148,16 +149,9 @@ def select_files(
     return files
 
 
-def merge_adapter(output_dir: str | Path, target_dir: str | Path) -> Path:
-    """Reload the base in float32 (from `base_model_path`), merge the adapter, save to `target_dir`.
-
-    Works for an adapter trained on a 4-bit base: LoRA weights are stored unquantised, so they load
-    onto plain `nn.Linear` layers; the merged weights are then W + (alpha / r) B A in float32.
-    """
-    import torch
+def merge_base(output_dir: str | Path) -> str:
+    """The base model an adapter is merged into, checked as `train` checks a model (one line)."""
     from peft import PeftConfig
-
-    from ..policy import load_adapter, load_model
 
     run = load_run_info(output_dir)
     base_ref = run.get("base_model_path") or run.get("base_model")
@@ -167,6 +161,21 @@ def merge_adapter(output_dir: str | Path, target_dir: str | Path) -> Path:
             f"Cannot merge: neither grpo_run.json nor adapter_config.json in {output_dir} names the "
             "base model. Add 'base_model_path' to grpo_run.json."
         )
+    check_model_source(base_ref)  # a base that moved: one line, before anything loads
+    return base_ref
+
+
+def merge_adapter(output_dir: str | Path, target_dir: str | Path) -> Path:
+    """Reload the base in float32 (from `base_model_path`), merge the adapter, save to `target_dir`.
+
+    Works for an adapter trained on a 4-bit base: LoRA weights are stored unquantised, so they load
+    onto plain `nn.Linear` layers; the merged weights are then W + (alpha / r) B A in float32.
+    """
+    import torch
+
+    from ..policy import load_adapter, load_model
+
+    base_ref = merge_base(output_dir)
     logger.info("Merging the adapter into %s reloaded in float32", base_ref)
     base = load_model(base_ref, {"dtype": torch.float32})
     merged = load_adapter(base, output_dir).merge_and_unload()
@@ -254,6 +263,8 @@ def publish(
         raise ValueError("HF_HUB_OFFLINE is set, so nothing can be uploaded; unset it to publish.")
     endpoint = (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
     merged = merge and kind == "adapter"
+    if merged:
+        merge_base(output_dir)  # the base exists: checked before the upload is prepared
     if merge and kind == "full":
         logger.info("%s already holds full weights; --merge has nothing to merge.", output_dir)
 

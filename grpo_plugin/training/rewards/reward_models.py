@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ import torch
 import reward_fns
 
 from ...models import resolve_model_path
+from ..user_code import load_callable
 
 HUB_ID = re.compile(r"^[\w.\-]+/[\w.\-]+$")
 SCORING_BATCH = 64  # rows per reward-model forward
@@ -151,6 +153,15 @@ def _processing_class_list(classes: Any, count: int) -> list[Any]:
     return list(classes)
 
 
+def resolve_reward_name(name: str, base_dir: str | Path | None = None) -> Callable:
+    """A reward named by the user: 'module:function' or 'file.py:function' through the one loader
+    of user code (`user_code.load_callable`: next to the recipe, `base_dir`, or in the working
+    directory), anything else through the registry (names, dotted paths, entry points)."""
+    if ":" in name:
+        return load_callable(name, "reward", base_dir)
+    return reward_fns.resolve(name)
+
+
 def resolve_reward_funcs(
     reward_funcs: Any,
     reward_processing_classes: Any = None,
@@ -183,7 +194,7 @@ def _resolve_one(entry, tokenizer, init_kwargs, trust_remote_code) -> Callable:
         raise TypeError(f"reward_funcs entries must be callables, names or models; got {entry!r}.")
     if not (os.path.isdir(entry) and entry not in reward_fns.available()):
         try:
-            return reward_fns.resolve(entry)
+            return resolve_reward_name(entry)
         except reward_fns.UnknownRewardError:
             if not is_reward_model_name(entry):
                 raise

@@ -7,7 +7,8 @@ and `None` becomes NaN ("not scored"), which the advantage estimators leave out 
 A value that is not a finite number within float32's range (inf, -inf, 1e39, and NaN unless
 `RewardChecks.nan_as_unscored`) is an error naming the function and the sample: such a value
 would zero its group or turn every weight into NaN. Lists, tuples, tensors and numpy arrays of
-floats, ints, bools or numpy scalars are accepted. A call that runs past `RewardChecks.timeout`
+floats, ints, bools or numpy scalars are accepted; a string (even "2") is refused, as TRL's
+`torch.tensor` refuses it. A call that runs past `RewardChecks.timeout`
 seconds is an error naming the function (`watchdog.py`). `async def` rewards run concurrently
 with each other.
 
@@ -112,6 +113,8 @@ def _check_value(name: str, value: Any, index: int, checks: RewardChecks) -> flo
     if value is None:
         return math.nan
     try:
+        if isinstance(value, (str, bytes, bytearray)):  # "2" is text, not a score (TRL's
+            raise TypeError  # torch.tensor refuses it too); float() would take it silently
         out = float(value)
     except (TypeError, ValueError, OverflowError) as err:
         raise RewardFunctionError(

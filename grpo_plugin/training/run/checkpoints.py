@@ -81,6 +81,11 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
     return sorted(found, key=checkpoint_step)
 
 
+def has_complete(output_dir: str | Path) -> bool:
+    """Whether any checkpoint-N folder can be resumed from (quietly: no warnings)."""
+    return any(not missing_files(folder) for folder in checkpoints(output_dir))
+
+
 def latest_complete(output_dir: str | Path) -> Path | None:
     """The newest complete checkpoint; half-written newer ones are skipped with a warning."""
     for folder in reversed(checkpoints(output_dir)):
@@ -103,14 +108,14 @@ def resolve_resume(output_dir: str | Path, value: str | bool | None) -> str | No
     if value is None or value is False or value == "":
         return None
     if value is True or (isinstance(value, str) and value in _TRUE):
-        found = latest_complete(output_dir)
-        if found is None:
+        if not has_complete(output_dir):  # the one way out, the one check_rerun gives too
             raise ValueError(
                 f"resume_from_checkpoint=true, but {output_dir} has no complete checkpoint-N "
-                "folder; drop the flag to start a new run (with overwrite_output_dir to replace "
-                "the old one), or point it at a checkpoint folder."
+                "folder to resume (the run stopped before one was saved); start over with "
+                "--overwrite_output_dir instead of --resume_from_checkpoint, or choose another "
+                "output_dir."
             )
-        return str(found)
+        return str(latest_complete(output_dir))
     folder = Path(value)
     if not folder.is_dir():
         raise ValueError(

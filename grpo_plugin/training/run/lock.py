@@ -57,8 +57,14 @@ def check_rerun(
     if resume or overwrite:
         return
     found = previous_run_files(output_dir) if found is None else found
+    shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+    if found and not checkpoints.has_complete(output_dir):  # nothing to resume: one way out
+        raise ValueError(
+            f"output_dir {output_dir} holds a run with no complete checkpoint to resume from "
+            f"({shown}); start over with --overwrite_output_dir (it deletes that run's files), "
+            "or choose another output_dir."
+        )
     if found:
-        shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
         raise ValueError(
             f"output_dir {output_dir} already holds a run ({shown}); resume it with "
             "--resume_from_checkpoint true, replace it with --overwrite_output_dir, or choose "

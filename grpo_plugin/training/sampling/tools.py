@@ -21,7 +21,7 @@ from ...rollout.chat_tools import resolve_tool_format
 from ...rollout.environments import Environments
 from ...rollout.multiturn import ToolSetup
 from ...rollout.tools import Tool, toolbox
-from ..evaluation.setup import load_callable
+from ..user_code import load_callable
 from . import overlap
 
 

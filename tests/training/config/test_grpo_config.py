@@ -50,6 +50,7 @@ def test_generation_batch_is_derived_like_trl(tmp_path):
         ({"epsilon_high": 0.0}, "epsilon_high"),
         ({"beta": -0.1}, "beta"),
         ({"temperature": 0.0}, "temperature"),
+        ({"max_completion_length": 0}, r"max_completion_length=0 must be >= 1"),
         ({"num_iterations": 0}, "num_iterations"),
         ({"generation_batch_size": 16, "steps_per_generation": 2}, "not both"),
         ({"auto_batch_memory_gb": 0.0}, "auto_batch_memory_gb=0.0 must be > 0"),

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -248,7 +249,7 @@ def test_no_token_says_how_to_log_in(trained, hub, monkeypatch, tmp_path):
 def test_repo_id_without_namespace(trained, hub, capsys):
     with pytest.raises(ValueError, match="needs a namespace.*USER/NAME"):
         publish(trained[0], "tiny-grpo")
-    assert main(["publish", str(trained[0]), "--repo-id", "tiny-grpo"]) == 1
+    assert main(["publish", str(trained[0]), "--repo-id", "tiny-grpo"]) == 2  # bad input
     err = capsys.readouterr().err
     assert err.startswith("error: Repo id 'tiny-grpo' needs a namespace") and err.count("\n") == 1
     assert hub.requests == []
@@ -321,3 +322,18 @@ def test_trainer_push_to_hub_publishes_the_same_card(hub, tiny_tokenizer, tmp_pa
     assert card.data.library_name == "peft" and "grpo-plugin" in card.data.tags
     assert any(TOKEN in r.headers.get("authorization", "") for r in hub.requests)
     assert_token_absent(tmp_path / "run", stored)
+
+
+def test_merge_checks_the_base_before_loading_it(
+    tmp_path, hub, tiny_model_dir, tiny_tokenizer, capsys
+):
+    """A base that moved since training: one line and exit 2, nothing loaded or uploaded."""
+    base = tmp_path / "base"
+    shutil.copytree(tiny_model_dir, base)
+    run_dir = tmp_path / "run"
+    make_adapter_run(run_dir, base, tiny_tokenizer)
+    shutil.rmtree(base)
+    assert main(["publish", str(run_dir), "--repo-id", REPO, "--merge"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: model path {base} does not exist") and err.count("\n") == 1
+    assert hub.requests == []

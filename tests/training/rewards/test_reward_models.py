@@ -153,3 +153,17 @@ def test_reward_models_go_to_the_policys_device_unless_quantized(tiny_reward_dir
     rm.model.is_loaded_in_4bit = True  # bitsandbytes places 4-bit weights itself
     place_reward_models([rm], "cuda:3")
     assert moved == ["cuda:3"]
+
+
+def test_python_users_name_a_reward_file_as_recipes_do(tmp_path, monkeypatch):
+    """`GRPOTrainer(reward_funcs=["myrew.py:lenrew"])`: the loader recipes, tools and
+    eval_metrics use (training/user_code.py), relative to the working directory."""
+    from grpo_plugin.training.rewards.reward_models import resolve_reward_funcs
+
+    (tmp_path / "rm_myrew.py").write_text(
+        "def lenrew(completions, **kw):\n    return [float(len(c)) for c in completions]\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    for spec in ("rm_myrew.py:lenrew", "rm_myrew:lenrew"):
+        (fn,) = resolve_reward_funcs([spec])
+        assert fn(completions=["abcd"]) == [4.0]

@@ -218,3 +218,16 @@ def test_only_the_scorer_calls_reward_functions():
             if keys & reward_args:
                 offenders.append(f"{path.name}:{node.lineno} calls {called} with reward arguments")
     assert offenders == []
+
+
+@pytest.mark.parametrize("value", ["2", "0.5", b"1"])
+def test_numeric_strings_are_refused_naming_the_function_and_sample(value):
+    """TRL's `torch.tensor(rewards)` refuses text; `float("2")` would take it silently."""
+
+    def as_text(completions, **kw):
+        return [1.0, value]
+
+    with pytest.raises(RewardFunctionError) as err:
+        call([as_text], ["a", "b"])
+    assert f"'as_text' returned {value!r} for sample 1; expected a float or None" in str(err.value)
+    assert "\n" not in str(err.value)

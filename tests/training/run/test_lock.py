@@ -77,7 +77,7 @@ def _old_run(out):
 
 def test_a_rerun_is_refused_unless_it_resumes_or_overwrites(tmp_path):
     _old_run(tmp_path)
-    with pytest.raises(ValueError, match="already holds a run .*--resume_from_checkpoint true"):
+    with pytest.raises(ValueError, match="holds a run with no complete checkpoint to resume from"):
         run_lock.claim(tmp_path, resume=False, overwrite=False)
     assert not run_lock.is_claimed(tmp_path)  # a refused claim keeps no lock
     run_lock.claim(tmp_path, resume=True, overwrite=False)
