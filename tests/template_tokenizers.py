@@ -19,6 +19,7 @@ import trl.chat_template_utils
 
 TRL_TEMPLATES = Path(trl.chat_template_utils.__file__).parent / "chat_templates"
 END_TOKENS = ("<|im_end|>", "<|eot_id|>")
+STOPS = ("<|im_end|>", "<|eot_id|>", "<|call|>", "<|return|>")  # what ends a scripted turn
 
 
 def trl_template(name: str) -> str:
@@ -48,26 +49,28 @@ def template_tokenizer(name: str):
     return tok
 
 
-def _written(tokenizer, template, before, message, end) -> str:
+def _written(tokenizer, template, before, message) -> str:
     """What the template writes for `message` after `before` (and its generation prompt), up to
-    the end-of-turn token `end` (excluded)."""
+    and with the first token of `STOPS` (the one the model ends its turn with)."""
     render = dict(tokenize=False, chat_template=template)
     head = tokenizer.apply_chat_template(before, add_generation_prompt=True, **render)
     full = tokenizer.apply_chat_template(before + [message], **render)
     text = full[len(os.path.commonprefix([head, full])) :]
-    return text[: text.index(end)]
+    end = min((text.index(t), t) for t in STOPS if t in text)
+    return text[: end[0] + len(end[1])]
 
 
-def exchange(tokenizer, template, a: int, b: int, end: str) -> tuple[str, str]:
+def exchange(tokenizer, template, a: int, b: int) -> tuple[str, str]:
     """`(call, answer)`: the text of an assistant turn calling multiply(a, b) and of the turn
-    "It is {a * b}." after its result, as `template` (None: the tokenizer's) renders them."""
+    "It is {a * b}." after its result, as `template` (None: the tokenizer's) renders them, each
+    with the token that ends it."""
     user = [{"role": "user", "content": f"Multiply {a} and {b}"}]
     calls = [{"type": "function", "function": {"name": "multiply", "arguments": {"a": a, "b": b}}}]
     call_turn = {"role": "assistant", "content": "", "tool_calls": calls}
-    call = _written(tokenizer, template, user, call_turn, end)
+    call = _written(tokenizer, template, user, call_turn)
     result = [call_turn, {"role": "tool", "name": "multiply", "content": str(a * b)}]
     answer = {"role": "assistant", "content": f"It is {a * b}."}
-    return call, _written(tokenizer, template, user + result, answer, end)
+    return call, _written(tokenizer, template, user + result, answer)
 
 
 def generation_prompt(tokenizer, template) -> str:
@@ -84,11 +87,10 @@ def family_policy(tokenizer, fmt):
     for those turns; `fmt`: the `ToolFormat` the trainer resolved)."""
     from scripted_policy import scripted_llama
 
-    end = fmt.end_of_turn or tokenizer.eos_token
-
     def script(history: str) -> str:
         a, b = map(int, re.findall(r"Multiply (\d+) and (\d+)", history)[-1])
-        call, answer = exchange(tokenizer, fmt.template, a, b, end)
-        return answer if call in history else call
+        call, answer = exchange(tokenizer, fmt.template, a, b)
+        return answer if call in history else call  # each ends with its stop token
 
-    return scripted_llama(tokenizer, script, turn=(generation_prompt(tokenizer, fmt.template), end))
+    header = generation_prompt(tokenizer, fmt.template)
+    return scripted_llama(tokenizer, script, turn=(header, tokenizer.eos_token))

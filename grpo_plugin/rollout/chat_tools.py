@@ -29,7 +29,7 @@ import os
 import re
 import types
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .types import ToolCall
@@ -39,7 +39,11 @@ logger = logging.getLogger(__name__)
 TOOL_TEMPLATES = ("auto", "chatml", "model")
 DEFAULT_TOOL_TEMPLATE = "auto"  # `GRPOConfig.tool_chat_template` and the CLI read it from here
 CHATML_END = "<|im_end|>"
-END_OF_TURN_TOKENS = (CHATML_END, "<|eot_id|>")  # ChatML / Qwen, Llama 3.x: the first one present
+# The token that ends a turn with calls, by template family (the first one the template holds):
+# ChatML / Qwen, Llama 3.x, gpt-oss. And the other tokens that end a turn there (a stop token
+# each, as in those models' generation configs): Llama's <|eom_id|>, gpt-oss's final <|return|>.
+END_OF_TURN_TOKENS = (CHATML_END, "<|eot_id|>", "<|call|>")
+OTHER_STOP_TOKENS = ("<|eom_id|>", "<|return|>")
 DEFAULT_SYSTEM = "You are a helpful assistant."
 
 # Jinja, rendered by transformers with trim_blocks and lstrip_blocks: every newline is explicit.
@@ -124,8 +128,9 @@ class ToolFormat:
 
     name: str  # "chatml" or "model"
     template: str | None  # Jinja source; None = tokenizer.chat_template
-    end_of_turn: str | None  # the token that closes every turn (ChatML: <|im_end|>)
+    end_of_turn: str | None  # the token that closes a turn with calls (ChatML: <|im_end|>)
     response_template: dict | None = None  # TRL's parser for the template; None: <tool_call> JSON
+    other_stops: tuple[str, ...] = ()  # other tokens that end an assistant turn
 
     def parse(self, tokenizer, ids: list[int], prefix: list[int] | None = None, tools=None):
         """`(content, calls)` of the assistant turn `ids` (sampled tokens; `prefix`: the ids before
@@ -148,10 +153,9 @@ class ToolFormat:
 
     def stop_token_ids(self, tokenizer) -> list[int]:
         """Ids that end an assistant turn besides the model's EOS (ChatML's <|im_end|>)."""
-        if self.end_of_turn is None:
-            return []
-        token_id = tokenizer.convert_tokens_to_ids(self.end_of_turn)
-        return [] if token_id is None or token_id == tokenizer.unk_token_id else [int(token_id)]
+        tokens = ([self.end_of_turn] if self.end_of_turn else []) + list(self.other_stops)
+        ids = [tokenizer.convert_tokens_to_ids(token) for token in tokens]
+        return [int(i) for i in ids if i is not None and i != tokenizer.unk_token_id]
 
     def suffix_ids(self, tokenizer, results: Sequence[dict[str, Any]], kwargs=None) -> list[int]:
         """The tokens after the model's end of turn that carry the tool `results` (messages
@@ -201,6 +205,14 @@ class ToolFormat:
                 '"arguments": {...}}</tool_call>); for a ChatML model set '
                 "tool_chat_template='chatml', otherwise pass rollout_func= with your own loop"
             )
+        end = self.end_of_turn or tokenizer.eos_token
+        if not end or end not in written:  # the turn would not end where the template ends it
+            raise ValueError(
+                f"the {self.name} chat template does not close a turn with tool calls with a token "
+                f"that ends generation (we stop on {end!r}; GLM-4-MoE-style templates, whose turn "
+                "ends when the next one opens, are not supported); use "
+                "tool_chat_template='chatml' (ChatML models) or pass rollout_func= with your own loop"
+            )
         self.suffix_ids(tokenizer, [{"role": "tool", "name": "probe_tool", "content": "1"}])
 
 
@@ -208,7 +220,9 @@ def renders_tools(tokenizer) -> bool:
     """Whether the tokenizer's own chat template writes the tools' schemas into the prompt."""
     if not getattr(tokenizer, "chat_template", None):
         return False
-    schema = {"type": "function", "function": {"name": "probe_tool_name", "parameters": {}}}
+    params = {"type": "object", "properties": {}}  # as get_json_schema writes them (gpt-oss reads
+    schema = {"type": "function", "function": {"name": "probe_tool_name", "description": "Probe.",
+                                               "parameters": params}}  # every key)  # fmt: skip
     messages = [{"role": "user", "content": "x"}]
     try:
         text = tokenizer.apply_chat_template(messages, tools=[schema], tokenize=False)
@@ -244,10 +258,12 @@ def resolve_tool_format(tokenizer, name: str | None = DEFAULT_TOOL_TEMPLATE) -> 
             "use tool_chat_template='chatml' (ChatML models) or 'auto'"
         )
     else:
-        end = next((t for t in END_OF_TURN_TOKENS if isinstance(own, str) and t in own), None)
-        fmt = ToolFormat(name, None, end, response_template_for(tokenizer))
+        own = own if isinstance(own, str) else ""
+        end = next((t for t in END_OF_TURN_TOKENS if t in own), None)
+        stops = tuple(t for t in OTHER_STOP_TOKENS if t in own)
+        fmt = ToolFormat(name, None, end, response_template_for(tokenizer), stops)
         if not _prefix_preserving(fmt, tokenizer):
-            fmt = ToolFormat(name, training_template_for(tokenizer), end, fmt.response_template)
+            fmt = replace(fmt, template=training_template_for(tokenizer))
     fmt.check(tokenizer)
     return fmt
 

@@ -128,15 +128,15 @@ def test_which_template_a_tokenizer_gets(tiny_tokenizer):
 
 # ----------------------------------------------------------------------------- real templates
 # TRL 1.16's own templates (trl/chat_templates/), on tiny tokenizers (`template_tokenizers.py`).
-# Not here: glm4moe (no end-of-turn token: a turn ends when the model opens the next one),
-# gptoss (its tools go to a developer message our `renders_tools` probe does not see), deepseekv3,
+# Not here: glm4moe (refused: no end-of-turn token, a turn ends when the model opens the next),
+# deepseekv3,
 # diffusion_gemma, muse_glimmer (no TRL response template: their calls are refused), and the
 # templates without tool support (cohere*, gemma, gemma3, idefics3, lfm2, llama3, llava_next,
 # phi3*, qwen2_5_vl, smolvlm, deepseek_r1_distill).
 FAMILIES = [
     "qwen2_5", "qwen3", "qwen3_instruct_2507", "qwen3_vl", "qwen3_5_think", "qwen3_5_nothink",
     "qwen3_6", "qwen3_8", "llama3_1", "llama3_2", "lfm2_v2", "nemotron_3_nano",
-    "nemotron_3_super", "nemotron_3_ultra", "nemotron_3_5_lightning",
+    "nemotron_3_super", "nemotron_3_ultra", "nemotron_3_5_lightning", "gptoss",
 ]  # fmt: skip
 # Nemotron 3 opens each assistant turn with "<think>\n" but re-renders a past turn's empty
 # thinking as "<think></think>": its own full render of a finished exchange differs from what the
@@ -216,3 +216,13 @@ def test_calls_are_read_with_trls_response_template_where_it_has_one():
     assert fmt.parse(tok, ids) == ("", [ToolCall("multiply", {"a": 2, "b": 3})])
     ids = tok("The answer is 6.<|eot_id|>", add_special_tokens=False)["input_ids"]
     assert fmt.parse(tok, ids) == ("The answer is 6.", [])
+
+
+def test_a_template_whose_call_turn_has_no_end_token_is_refused():
+    """GLM-4-MoE closes no turn: the model would stop on the next turn's opening token, which the
+    rendered tool message writes again."""
+    from template_tokenizers import template_tokenizer
+
+    with pytest.raises(ValueError, match="does not close a turn with tool calls with a token") as e:
+        resolve_tool_format(template_tokenizer("glm4moe"))
+    assert "\n" not in str(e.value)

@@ -346,9 +346,11 @@ def test_a_tool_run_killed_mid_rollout_resumes_exactly(tiny_tokenizer, tmp_path)
     assert lines("whole")[0]["tools/call_frequency"] == 1.0
 
 
-@pytest.mark.parametrize("family", ["qwen2_5", "qwen3", "llama3_1", "llama3_2", "qwen3_6"])
+@pytest.mark.parametrize(
+    "family", ["qwen2_5", "qwen3", "llama3_1", "llama3_2", "qwen3_6", "gptoss"]
+)
 def test_a_models_own_template_with_tools_trains_a_step(family, tmp_path):
-    """Qwen2.5 / Qwen3 / Llama 3.x / Qwen3.6 templates as TRL ships them: built with tools (Qwen3
+    """Qwen2.5 / Qwen3 / Llama 3.x / Qwen3.6 / gpt-oss templates as TRL ships them: built with tools (Qwen3
     on TRL's training version of its template), the scripted policy calls and answers in the
     template's own format, and one step trains."""
     from template_tokenizers import family_policy, template_tokenizer, trl_template
