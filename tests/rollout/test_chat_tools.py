@@ -129,14 +129,17 @@ def test_which_template_a_tokenizer_gets(tiny_tokenizer):
 # ----------------------------------------------------------------------------- real templates
 # TRL 1.16's own templates (trl/chat_templates/), on tiny tokenizers (`template_tokenizers.py`).
 # Not here: glm4moe (refused: no end-of-turn token, a turn ends when the model opens the next),
+# gemma4* (its end of turn, <turn|>, is not in END_OF_TURN_TOKENS: refused here, with the tiny
+# tokenizer's EOS; no training version in TRL either),
 # deepseekv3,
 # diffusion_gemma, muse_glimmer (no TRL response template: their calls are refused), and the
 # templates without tool support (cohere*, gemma, gemma3, idefics3, lfm2, llama3, llava_next,
 # phi3*, qwen2_5_vl, smolvlm, deepseek_r1_distill).
 FAMILIES = [
     "qwen2_5", "qwen3", "qwen3_instruct_2507", "qwen3_vl", "qwen3_5_think", "qwen3_5_nothink",
-    "qwen3_6", "qwen3_8", "llama3_1", "llama3_2", "lfm2_v2", "nemotron_3_nano",
-    "nemotron_3_super", "nemotron_3_ultra", "nemotron_3_5_lightning", "gptoss",
+    "qwen3_6", "qwen3_8", "llama3_1", "llama3_2", "lfm2_v2", "lfm2_2_5", "lfm2_2_5_v2",
+    "lfm2_2_5_vl", "nemotron_3_nano", "nemotron_3_super", "nemotron_3_ultra",
+    "nemotron_3_5_lightning", "gptoss",
 ]  # fmt: skip
 # Nemotron 3 opens each assistant turn with "<think>\n" but re-renders a past turn's empty
 # thinking as "<think></think>": its own full render of a finished exchange differs from what the
