@@ -220,9 +220,10 @@ def renders_tools(tokenizer) -> bool:
     """Whether the tokenizer's own chat template writes the tools' schemas into the prompt."""
     if not getattr(tokenizer, "chat_template", None):
         return False
-    params = {"type": "object", "properties": {}}  # as get_json_schema writes them (gpt-oss reads
-    schema = {"type": "function", "function": {"name": "probe_tool_name", "description": "Probe.",
-                                               "parameters": params}}  # every key)  # fmt: skip
+    # as get_json_schema writes a schema: gpt-oss's template reads every key
+    function = {"name": "probe_tool_name", "description": "Probe.", "parameters": {}}
+    function["parameters"] = {"type": "object", "properties": {}}
+    schema = {"type": "function", "function": function}
     messages = [{"role": "user", "content": "x"}]
     try:
         text = tokenizer.apply_chat_template(messages, tools=[schema], tokenize=False)
@@ -314,15 +315,19 @@ def response_template_for(tokenizer) -> dict | None:
 
 def _parse_with_template(tokenizer, template: dict, ids, prefix, tools) -> tuple[str, list]:
     """`tokenizer.parse_response` with TRL's template; output it cannot read is plain content,
-    as in TRL (`trl.chat_template_utils.parse_response`)."""
+    as in TRL (`trl.chat_template_utils.parse_response`), except a `<tool_call>` block (Qwen's
+    form) that it could not read: that call's error goes back to the model, as with ours."""
     try:
         parsed = tokenizer.parse_response(
             ids, schema=template, prefix=prefix or [], tools=tools or None
         )
     except Exception:  # noqa: BLE001 - transformers raises several kinds on malformed output
         parsed = None
-    if not isinstance(parsed, dict):
-        return tokenizer.decode(ids, skip_special_tokens=True).strip(), []
+    if not isinstance(parsed, dict) or not parsed.get("tool_calls"):
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        content, calls = parse_tool_calls(text)
+        if calls or not isinstance(parsed, dict):
+            return (content, calls) if calls else (text.strip(), [])
     content = parsed.get("content") or ""
     if tokenizer.eos_token and isinstance(content, str):
         content = content.removesuffix(tokenizer.eos_token)

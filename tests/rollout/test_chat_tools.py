@@ -219,6 +219,11 @@ def test_calls_are_read_with_trls_response_template_where_it_has_one():
     assert fmt.parse(tok, ids) == ("", [ToolCall("multiply", {"a": 2, "b": 3})])
     ids = tok("The answer is 6.<|eot_id|>", add_special_tokens=False)["input_ids"]
     assert fmt.parse(tok, ids) == ("The answer is 6.", [])
+    qwen = template_tokenizer("qwen2_5")
+    fmt = resolve_tool_format(qwen)
+    bad = '<tool_call>\n{"name": "multiply", "arguments": {"a": 2,}}\n</tool_call><|im_end|>'
+    _, (call,) = fmt.parse(qwen, qwen(bad, add_special_tokens=False)["input_ids"])
+    assert call.error.startswith("the tool call is not valid JSON")  # the model is told, as before
 
 
 def test_a_template_whose_call_turn_has_no_end_token_is_refused():
