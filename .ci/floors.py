@@ -21,7 +21,7 @@ import tomllib
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
-# Installed at their declared floor. trl is a dev/bench extra (`tests/training/test_trainer_trl.py`).
+# Installed at their declared floor. trl is a runtime dependency (`rollout/chat_tools.py`).
 FLOORED = ("transformers", "peft", "accelerate", "datasets", "huggingface_hub", "trl")
 # The extras the fast tests use beside [project].dependencies.
 EXTRAS = ("dev",)

@@ -76,28 +76,36 @@ class ScriptedLlama(LlamaForCausalLM):
 
     def next_token(self, history: list[int]) -> int:
         """The scripted token after `history` (real token ids, prompt included)."""
+        header, end = self.turn
         text = self.tokenizer.decode(history, skip_special_tokens=False)
-        start = text.rfind(ASSISTANT) + len(ASSISTANT)
+        start = text.rfind(header) + len(header)
         turn, target = text[start:], self.script(text[:start])
         if turn == target or not target.startswith(turn):
-            return self.tokenizer.convert_tokens_to_ids(END)
+            return self.tokenizer.convert_tokens_to_ids(end)
+        rest = target[len(turn) :]
+        special = [t for t in self.tokenizer.all_special_tokens if rest.startswith(t)]
+        if special:  # a template marker (e.g. <|tool_call_start|>) is one token
+            return self.tokenizer.convert_tokens_to_ids(special[0])
         return self.tokenizer.convert_tokens_to_ids(target[len(turn)])
 
 
 def scripted_llama(
-    tokenizer, script, seed: int = 0, bias: float = BIAS, init: float = 0.02
-) -> ScriptedLlama:
+    tokenizer, script, seed: int = 0, bias: float = BIAS, init: float = 0.02,
+    turn: tuple[str, str] = (ASSISTANT, END),
+) -> ScriptedLlama:  # fmt: skip
     """`bias` 50 makes sampling at any temperature follow the script; a small one (8) still makes
-    greedy decoding follow it while the log-probs depend on the model's own logits."""
+    greedy decoding follow it while the log-probs depend on the model's own logits. `turn`: the
+    text that opens an assistant turn and the token that ends it (ChatML's by default)."""
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=False, initializer_range=init,
     )  # fmt: skip
     model = ScriptedLlama(config).eval()
     model.tokenizer, model.script, model.prefilled, model.bias = tokenizer, script, 0, bias
+    model.turn = turn
     return model
 
 

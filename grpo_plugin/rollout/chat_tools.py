@@ -10,27 +10,40 @@ and results, and a parser for the calls the model writes. One format ships:
       <|im_start|>assistant\\n<tool_call>{"name": "multiply", ...}</tool_call><|im_end|>\\n
       <|im_start|>tool\\n5535<|im_end|>\\n<|im_start|>assistant\\n
 
-A tokenizer whose own template already renders tools, and writes calls in that same
-`<tool_call>` JSON form (Qwen2.5, Qwen3, Hermes), is used as it is (`model`). TRL instead asks for
-a template that knows tools and a response schema, and re-renders the whole conversation at
-every turn; here only the tokens after the model's end of turn are rendered (`suffix_ids`), and
+A tokenizer whose own template already renders tools is used as TRL 1.16's GRPOTrainer uses it
+(`model`): as it is when it is prefix-preserving (a tool result appended after a call leaves the
+call's rendering unchanged), else TRL's training version of it
+(`trl.chat_template_utils.get_training_chat_template`, e.g. Qwen3's, which drops the thinking
+block of earlier turns), else refused. Calls are read with TRL's response template for that
+template family when TRL has one (`add_response_schema`: Qwen2.5/3, Llama 3.1/3.2, GLM-4-MoE,
+GPT-OSS, ...), else as `<tool_call>` JSON (ours, Hermes-style templates). Only the tokens after the
+model's end of turn are rendered (`suffix_ids`; TRL re-renders the whole conversation), and
 `check` proves, before training, that the template renders and the parser reads back a call.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import types
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .types import ToolCall
 
+logger = logging.getLogger(__name__)
+
 TOOL_TEMPLATES = ("auto", "chatml", "model")
 DEFAULT_TOOL_TEMPLATE = "auto"  # `GRPOConfig.tool_chat_template` and the CLI read it from here
 CHATML_END = "<|im_end|>"
+# The token that ends a turn with calls, by template family (the first one the template holds):
+# ChatML / Qwen, Llama 3.x, gpt-oss. And the other tokens that end a turn there (a stop token
+# each, as in those models' generation configs): Llama's <|eom_id|>, gpt-oss's final <|return|>.
+END_OF_TURN_TOKENS = (CHATML_END, "<|eot_id|>", "<|call|>")
+OTHER_STOP_TOKENS = ("<|eom_id|>", "<|return|>")
 DEFAULT_SYSTEM = "You are a helpful assistant."
 
 # Jinja, rendered by transformers with trim_blocks and lstrip_blocks: every newline is explicit.
@@ -115,7 +128,16 @@ class ToolFormat:
 
     name: str  # "chatml" or "model"
     template: str | None  # Jinja source; None = tokenizer.chat_template
-    end_of_turn: str | None  # the token that closes every turn (ChatML: <|im_end|>)
+    end_of_turn: str | None  # the token that closes a turn with calls (ChatML: <|im_end|>)
+    response_template: dict | None = None  # TRL's parser for the template; None: <tool_call> JSON
+    other_stops: tuple[str, ...] = ()  # other tokens that end an assistant turn
+
+    def parse(self, tokenizer, ids: list[int], prefix: list[int] | None = None, tools=None):
+        """`(content, calls)` of the assistant turn `ids` (sampled tokens; `prefix`: the ids before
+        them; `tools`: the schemas, to type the arguments), with this template's parser."""
+        if self.response_template is None:
+            return parse_tool_calls(tokenizer.decode(ids, skip_special_tokens=True))
+        return _parse_with_template(tokenizer, self.response_template, ids, prefix, tools)
 
     def render_prompt(self, tokenizer, messages, tools, chat_template_kwargs=None) -> list[int]:
         """Token ids of a chat prompt with the tools' schemas and the generation prompt."""
@@ -131,10 +153,9 @@ class ToolFormat:
 
     def stop_token_ids(self, tokenizer) -> list[int]:
         """Ids that end an assistant turn besides the model's EOS (ChatML's <|im_end|>)."""
-        if self.end_of_turn is None:
-            return []
-        token_id = tokenizer.convert_tokens_to_ids(self.end_of_turn)
-        return [] if token_id is None or token_id == tokenizer.unk_token_id else [int(token_id)]
+        tokens = ([self.end_of_turn] if self.end_of_turn else []) + list(self.other_stops)
+        ids = [tokenizer.convert_tokens_to_ids(token) for token in tokens]
+        return [int(i) for i in ids if i is not None and i != tokenizer.unk_token_id]
 
     def suffix_ids(self, tokenizer, results: Sequence[dict[str, Any]], kwargs=None) -> list[int]:
         """The tokens after the model's end of turn that carry the tool `results` (messages
@@ -156,7 +177,9 @@ class ToolFormat:
         if not full.startswith(prefix[:cut]):
             raise ValueError(
                 f"the {self.name} chat template does not render a tool result after the call it "
-                "follows (it is not prefix-preserving); use tool_chat_template='chatml'"
+                "follows (it is not prefix-preserving) and TRL ships no training version of it; "
+                "use tool_chat_template='chatml' (ChatML models) or give the tokenizer a "
+                "prefix-preserving template"
             )
         return tokenizer(full[cut:], add_special_tokens=False)["input_ids"]
 
@@ -167,12 +190,28 @@ class ToolFormat:
         render = dict(tokenize=False, chat_template=self.template)
         head = tokenizer.apply_chat_template(user, add_generation_prompt=True, **render)
         full = tokenizer.apply_chat_template(user + [assistant_message("", [probe])], **render)
-        _, calls = parse_tool_calls(full[len(os.path.commonprefix([head, full])) :])
+        written = full[len(os.path.commonprefix([head, full])) :]
+        ids = tokenizer(written, add_special_tokens=False)["input_ids"]
+        prefix = tokenizer(head, add_special_tokens=False)["input_ids"]
+        schema = {"type": "object", "properties": {"x": {"type": "integer"}}}
+        probe_tools = [
+            {"type": "function", "function": {"name": "probe_tool", "parameters": schema}}
+        ]
+        _, calls = self.parse(tokenizer, ids, prefix, probe_tools)
         if not calls or calls[0].name != "probe_tool" or calls[0].arguments != {"x": 1}:
             raise ValueError(
-                f"cannot read tool calls written by the {self.name} chat template (we parse "
-                '<tool_call>{"name": ..., "arguments": {...}}</tool_call>); for a ChatML model set '
+                f"cannot read tool calls written by the {self.name} chat template (TRL has no "
+                'response template for it and it does not write <tool_call>{"name": ..., '
+                '"arguments": {...}}</tool_call>); for a ChatML model set '
                 "tool_chat_template='chatml', otherwise pass rollout_func= with your own loop"
+            )
+        end = self.end_of_turn or tokenizer.eos_token
+        if not end or end not in written:  # the turn would not end where the template ends it
+            raise ValueError(
+                f"the {self.name} chat template does not close a turn with tool calls with a token "
+                f"that ends generation (we stop on {end!r}; GLM-4-MoE-style templates, whose turn "
+                "ends when the next one opens, are not supported); use "
+                "tool_chat_template='chatml' (ChatML models) or pass rollout_func= with your own loop"
             )
         self.suffix_ids(tokenizer, [{"role": "tool", "name": "probe_tool", "content": "1"}])
 
@@ -181,7 +220,10 @@ def renders_tools(tokenizer) -> bool:
     """Whether the tokenizer's own chat template writes the tools' schemas into the prompt."""
     if not getattr(tokenizer, "chat_template", None):
         return False
-    schema = {"type": "function", "function": {"name": "probe_tool_name", "parameters": {}}}
+    # as get_json_schema writes a schema: gpt-oss's template reads every key
+    function = {"name": "probe_tool_name", "description": "Probe.", "parameters": {}}
+    function["parameters"] = {"type": "object", "properties": {}}
+    schema = {"type": "function", "function": function}
     messages = [{"role": "user", "content": "x"}]
     try:
         text = tokenizer.apply_chat_template(messages, tools=[schema], tokenize=False)
@@ -192,8 +234,9 @@ def renders_tools(tokenizer) -> bool:
 
 def resolve_tool_format(tokenizer, name: str | None = DEFAULT_TOOL_TEMPLATE) -> ToolFormat:
     """The format for `tool_chat_template`: "chatml" (ours), "model" (the tokenizer's own,
-    which must render tools), or "auto": the tokenizer's own when it renders tools, else ours for
-    a ChatML template; anything else is a ValueError saying what to set. Checked by `check`."""
+    which must render tools; TRL's training version of it where it is not prefix-preserving), or
+    "auto": the tokenizer's own when it renders tools, else ours for a ChatML template; anything
+    else is a ValueError saying what to set. Checked by `check`."""
     name = name or DEFAULT_TOOL_TEMPLATE
     if name not in TOOL_TEMPLATES:
         raise ValueError(f"tool_chat_template={name!r}; use one of {', '.join(TOOL_TEMPLATES)}")
@@ -208,12 +251,100 @@ def resolve_tool_format(tokenizer, name: str | None = DEFAULT_TOOL_TEMPLATE) -> 
                 "the tokenizer's chat template has no tool support and is not ChatML; give the "
                 "tokenizer a template that renders tools, or pass rollout_func= with your own loop"
             )
-    if name == "model" and not renders_tools(tokenizer):
+    if name == "chatml":
+        fmt = ToolFormat(name, CHATML_TOOL_TEMPLATE, CHATML_END)
+    elif not renders_tools(tokenizer):
         raise ValueError(
             "tool_chat_template='model' but the tokenizer's chat template ignores tools; "
             "use tool_chat_template='chatml' (ChatML models) or 'auto'"
         )
-    end = CHATML_END if name == "chatml" or CHATML_END in own else None
-    fmt = ToolFormat(name, CHATML_TOOL_TEMPLATE if name == "chatml" else None, end)
+    else:
+        own = own if isinstance(own, str) else ""
+        end = next((t for t in END_OF_TURN_TOKENS if t in own), None)
+        stops = tuple(t for t in OTHER_STOP_TOKENS if t in own)
+        fmt = ToolFormat(name, None, end, response_template_for(tokenizer), stops)
+        if not _prefix_preserving(fmt, tokenizer):
+            fmt = replace(fmt, template=training_template_for(tokenizer))
     fmt.check(tokenizer)
     return fmt
+
+
+def _prefix_preserving(fmt: ToolFormat, tokenizer) -> bool:
+    """TRL's check (token ids of a call, then of call + result) and ours (`suffix_ids`)."""
+    from trl.chat_template_utils import is_chat_template_prefix_preserving
+
+    try:
+        fmt.suffix_ids(tokenizer, [{"role": "tool", "name": "probe_tool", "content": "1"}])
+    except ValueError:
+        return False
+    return is_chat_template_prefix_preserving(tokenizer)
+
+
+def training_template_for(tokenizer) -> str | None:
+    """TRL's prefix-preserving training version of the tokenizer's template (logged), or None
+    (no version known: `check` then refuses in one line)."""
+    from trl.chat_template_utils import get_training_chat_template
+
+    try:
+        template = get_training_chat_template(tokenizer)
+    except ValueError:  # TRL knows no patch for this template
+        return None
+    if template is not None:
+        logger.info(
+            "tool use: the tokenizer's chat template is not prefix-preserving; using TRL's "
+            "training version of it (trl.chat_template_utils.get_training_chat_template) for the "
+            "rollout and the training forward"
+        )
+    return template
+
+
+def response_template_for(tokenizer) -> dict | None:
+    """The tokenizer's own `response_template`, else TRL's for its chat template family
+    (`add_response_schema`, applied to a stand-in so the tokenizer is left as it is), else None."""
+    if getattr(tokenizer, "response_template", None) is not None:
+        return tokenizer.response_template
+    from trl.chat_template_utils import add_response_schema
+
+    stand_in = types.SimpleNamespace(chat_template=getattr(tokenizer, "chat_template", None))
+    try:
+        add_response_schema(stand_in)
+    except ValueError:  # a template TRL does not know
+        return None
+    return getattr(stand_in, "response_template", None)
+
+
+def _parse_with_template(tokenizer, template: dict, ids, prefix, tools) -> tuple[str, list]:
+    """`tokenizer.parse_response` with TRL's template; output it cannot read is plain content,
+    as in TRL (`trl.chat_template_utils.parse_response`), except a `<tool_call>` block (Qwen's
+    form) that it could not read: that call's error goes back to the model, as with ours."""
+    try:
+        parsed = tokenizer.parse_response(
+            ids, schema=template, prefix=prefix or [], tools=tools or None
+        )
+    except Exception:  # noqa: BLE001 - transformers raises several kinds on malformed output
+        parsed = None
+    if not isinstance(parsed, dict) or not parsed.get("tool_calls"):
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        content, calls = parse_tool_calls(text)
+        if calls or not isinstance(parsed, dict):
+            return (content, calls) if calls else (text.strip(), [])
+    content = parsed.get("content") or ""
+    if tokenizer.eos_token and isinstance(content, str):
+        content = content.removesuffix(tokenizer.eos_token)
+    calls = [_template_call(c) for c in parsed.get("tool_calls") or []]
+    return str(content).strip(), calls
+
+
+def _template_call(call: Any) -> ToolCall:
+    f = call.get("function", call) if isinstance(call, dict) else None
+    if not isinstance(f, dict) or not isinstance(f.get("name"), str):
+        return ToolCall(name="", arguments={}, error='a tool call needs a "name" string')
+    arguments = f.get("arguments") or {}
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError as err:
+            return ToolCall(f["name"], {}, error=f"the arguments are not valid JSON ({err.msg})")
+    if not isinstance(arguments, dict):
+        return ToolCall(f["name"], {}, error='"arguments" must be a JSON object')
+    return ToolCall(name=f["name"], arguments=arguments)

@@ -1,7 +1,7 @@
 """The multi-turn tool loop: sample, run the tool calls, append the results, continue.
 
     1. prefill each prompt once per group and sample the G completions (`generation.py`);
-    2. parse each finished turn's tool calls (`chat_tools.py`);
+    2. parse each finished turn's tool calls with the template's parser (`chat_tools.py`);
     3. run every row's calls at once, with the timeout (`tools.py`); errors go back to the model;
     4. append the tool messages and continue the rows that called a tool, until no row calls one
        or `max_iterations` rounds of calls have run.
@@ -32,7 +32,7 @@ import torch
 
 from .._compat import unwrap_peft
 from ..core.tensors import left_pad
-from .chat_tools import ToolFormat, assistant_message, parse_tool_calls
+from .chat_tools import ToolFormat, assistant_message
 from .environments import Environments, with_observation
 from .generation import continue_decoding, decode_spec, prefill_and_decode
 from .noise import ShiftedNoise
@@ -117,17 +117,22 @@ class _Loop:
         for a, r in enumerate(rows):
             n, left = int(out.live[a].sum()), self.max_len - len(self.traj[r].ids)
             tokens = out.tokens[a, : min(n, left)].tolist()
+            content, calls = self.parse(r, tokens)
             self.traj[r].add(tokens, sampled=True)
             if out.logprobs is not None:
                 self.logps[r] += out.logprobs[a, : len(tokens)].tolist()
-            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            content, calls = parse_tool_calls(text)
             self.traj[r].messages.append(assistant_message(content, calls))
             if not (bool(out.finished[a]) and n <= left):  # no end of turn within the budget
                 self.traj[r].truncated = True
             elif calls:
                 going.append((a, r, tokens[min(n, fed) :], calls))
         return going
+
+    def parse(self, r: int, tokens: list[int]) -> tuple[str, list[ToolCall]]:
+        """Row `r`'s turn `tokens` read with the template's parser (before they join its history)."""
+        history = self.prompts[r] + self.traj[r].ids
+        schemas = [tool.schema for tool in self.boxes[r].values()]
+        return self.setup.format.parse(self.tokenizer, tokens, history, schemas)
 
     def run_tools(self, going: list[tuple]) -> list[tuple[int, int, list[int]]]:
         """Run the calls of `going`; append each result that fits; `(cache row, row, block)`."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 
 import pytest
 
@@ -123,3 +124,113 @@ def test_which_template_a_tokenizer_gets(tiny_tokenizer):
     )
     with pytest.raises(ValueError, match="cannot read tool calls written by the model chat"):
         resolve_tool_format(unreadable)
+
+
+# ----------------------------------------------------------------------------- real templates
+# TRL 1.16's own templates (trl/chat_templates/), on tiny tokenizers (`template_tokenizers.py`).
+# Not here: glm4moe (refused: no end-of-turn token, a turn ends when the model opens the next),
+# gemma4* (its end of turn, <turn|>, is not in END_OF_TURN_TOKENS: refused here, with the tiny
+# tokenizer's EOS; no training version in TRL either),
+# deepseekv3,
+# diffusion_gemma, muse_glimmer (no TRL response template: their calls are refused), and the
+# templates without tool support (cohere*, gemma, gemma3, idefics3, lfm2, llama3, llava_next,
+# phi3*, qwen2_5_vl, smolvlm, deepseek_r1_distill).
+FAMILIES = [
+    "qwen2_5", "qwen3", "qwen3_instruct_2507", "qwen3_vl", "qwen3_5_think", "qwen3_5_nothink",
+    "qwen3_6", "qwen3_8", "llama3_1", "llama3_2", "lfm2_v2", "lfm2_2_5", "lfm2_2_5_v2",
+    "lfm2_2_5_vl", "nemotron_3_nano", "nemotron_3_super", "nemotron_3_ultra",
+    "nemotron_3_5_lightning", "gptoss",
+]  # fmt: skip
+# Nemotron 3 opens each assistant turn with "<think>\n" but re-renders a past turn's empty
+# thinking as "<think></think>": its own full render of a finished exchange differs from what the
+# model was shown (TRL 1.16's loop, which also appends the suffix to what was sampled, gives the
+# same tokens as ours); the loop is checked, the equality is not.
+REWRITES_PAST_TURNS = {"nemotron_3_nano", "nemotron_3_super", "nemotron_3_ultra",
+                       "nemotron_3_5_lightning"}  # fmt: skip
+ROWS = [{"prompt": [{"role": "user", "content": f"Multiply {a} and {b}"}]} for a, b in
+        [(123, 45), (7, 8)]]  # fmt: skip
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_models_own_template_runs_tools_and_the_exchange_is_its_full_render(family, caplog):
+    from scripted_policy import multiply
+    from template_tokenizers import family_policy, template_tokenizer, trl_template
+
+    from grpo_plugin.rollout.multiturn import ToolSetup
+    from grpo_plugin.rollout.prompts import sample_groups
+    from grpo_plugin.rollout.tools import Tool
+    from grpo_plugin.rollout.types import GroupSampling, SamplingParams
+
+    tok = template_tokenizer(family)
+    with caplog.at_level(logging.INFO, logger="grpo_plugin.rollout.chat_tools"):
+        fmt = resolve_tool_format(tok)  # "auto": not refused
+    swapped = [r.message for r in caplog.records if "TRL's training version" in r.message]
+    if family == "qwen3":  # the one whose template is not prefix-preserving: TRL's training one
+        assert fmt.template == trl_template("qwen3_training") and len(swapped) == 1
+    else:
+        assert fmt.template is None and not swapped
+    tool = Tool.of(multiply)
+    setup = ToolSetup(format=fmt, tools=[tool])
+    sampling = GroupSampling(SamplingParams(max_new_tokens=300, temperature=0.0), 2, tools=setup)
+    rollout = sample_groups(family_policy(tok, fmt), tok, ROWS, sampling)
+    batch = rollout.batch
+    assert batch.tool_calls.tolist() == [1] * 4 and batch.tool_failures.tolist() == [0] * 4
+    for r, (a, b) in enumerate([(123, 45), (123, 45), (7, 8), (7, 8)]):
+        exchange = rollout.completions[r]
+        assert [m["role"] for m in exchange] == ["assistant", "tool", "assistant"]
+        assert exchange[0]["tool_calls"][0]["function"] == {
+            "name": "multiply", "arguments": {"a": a, "b": b}
+        }  # fmt: skip
+        assert exchange[1]["content"] == str(a * b)
+        assert exchange[2]["content"] == f"It is {a * b}."
+        # the KV-cache continuation (prompt + sampled turns + suffixes) is the full re-render
+        ours = batch.prompt_ids[r][batch.prompt_mask[r].bool()].tolist()
+        ours += batch.completion_ids[r][batch.completion_mask[r].bool()].tolist()
+        full = tok.apply_chat_template(
+            rollout.prompts[r] + exchange, tools=[tool.schema], chat_template=fmt.template,
+            tokenize=False,
+        )  # fmt: skip
+        full_ids = tok(full, add_special_tokens=False)["input_ids"]
+        if family in REWRITES_PAST_TURNS:
+            continue
+        assert full_ids[: len(ours)] == ours
+        assert tok.decode(full_ids[len(ours) :]).strip() == ""  # at most the closing newline
+
+
+def test_a_template_that_is_not_prefix_preserving_and_unknown_to_trl_is_refused():
+    from template_tokenizers import template_tokenizer
+
+    tok = template_tokenizer("qwen3")
+    tok.chat_template += "{#- a local edit: TRL no longer recognises the template #}"
+    with pytest.raises(ValueError, match="not prefix-preserving\\) and TRL ships no training") as e:
+        resolve_tool_format(tok)
+    assert "tool_chat_template='chatml'" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_calls_are_read_with_trls_response_template_where_it_has_one():
+    from template_tokenizers import template_tokenizer
+
+    tok = template_tokenizer("llama3_2")
+    fmt = resolve_tool_format(tok)
+    assert fmt.response_template is not None and tok.response_template is None  # left as it is
+    ids = tok(
+        '{"name": "multiply", "parameters": {"a": 2, "b": 3}}<|eot_id|>', add_special_tokens=False
+    )["input_ids"]
+    assert fmt.parse(tok, ids) == ("", [ToolCall("multiply", {"a": 2, "b": 3})])
+    ids = tok("The answer is 6.<|eot_id|>", add_special_tokens=False)["input_ids"]
+    assert fmt.parse(tok, ids) == ("The answer is 6.", [])
+    qwen = template_tokenizer("qwen2_5")
+    fmt = resolve_tool_format(qwen)
+    bad = '<tool_call>\n{"name": "multiply", "arguments": {"a": 2,}}\n</tool_call><|im_end|>'
+    _, (call,) = fmt.parse(qwen, qwen(bad, add_special_tokens=False)["input_ids"])
+    assert call.error.startswith("the tool call is not valid JSON")  # the model is told, as before
+
+
+def test_a_template_whose_call_turn_has_no_end_token_is_refused():
+    """GLM-4-MoE closes no turn: the model would stop on the next turn's opening token, which the
+    rendered tool message writes again."""
+    from template_tokenizers import template_tokenizer
+
+    with pytest.raises(ValueError, match="does not close a turn with tool calls with a token") as e:
+        resolve_tool_format(template_tokenizer("glm4moe"))
+    assert "\n" not in str(e.value)

@@ -344,3 +344,28 @@ def test_a_tool_run_killed_mid_rollout_resumes_exactly(tiny_tokenizer, tmp_path)
     assert lines("resumed") == lines("whole")
     assert [r["step"] for r in lines("whole") if "loss" in r] == [1, 2, 3, 4]
     assert lines("whole")[0]["tools/call_frequency"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "family", ["qwen2_5", "qwen3", "llama3_1", "llama3_2", "qwen3_6", "gptoss"]
+)
+def test_a_models_own_template_with_tools_trains_a_step(family, tmp_path):
+    """Qwen2.5 / Qwen3 / Llama 3.x / Qwen3.6 / gpt-oss templates as TRL ships them: built with tools (Qwen3
+    on TRL's training version of its template), the scripted policy calls and answers in the
+    template's own format, and one step trains."""
+    from template_tokenizers import family_policy, template_tokenizer, trl_template
+
+    from grpo_plugin.rollout.chat_tools import resolve_tool_format
+
+    tok = template_tokenizer(family)
+    options = dict(max_completion_length=300, num_generations=4, per_device_train_batch_size=8,
+                   max_steps=1, temperature=1.0)  # fmt: skip
+    trainer = GRPOTrainer(family_policy(tok, resolve_tool_format(tok)), exact_answer,
+                          args=tiny_config(tmp_path, **options), train_dataset=DATA,
+                          processing_class=tok, tools=[multiply])  # fmt: skip
+    training = trl_template("qwen3_training") if family == "qwen3" else None
+    assert trainer.tool_setup.format.template == training
+    trainer.train()
+    log = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
+    assert log["tools/call_frequency"] == 1.0 and log["tools/failure_frequency"] == 0.0
+    assert log["reward"] == 1.0  # every last turn is "It is {a * b}.", parsed in that format

@@ -297,8 +297,9 @@ class GRPOConfig(TrainingArguments):
     tool_chat_template: str = _help(
         "How tools, calls and results are written in the prompt: 'chatml' (ours, for ChatML "
         "models such as SmolLM2 and Qwen2.5: <tool_call>{...}</tool_call> and tool turns), "
-        "'model' (the tokenizer's own template, which must render tools), or 'auto' (the "
-        "tokenizer's when it renders tools, else 'chatml' for a ChatML template).",
+        "'model' (the tokenizer's own template, which must render tools; TRL's training version "
+        "of it where it is not prefix-preserving, e.g. Qwen3's), or 'auto' (the tokenizer's when "
+        "it renders tools, else 'chatml' for a ChatML template).",
         DEFAULT_TOOL_TEMPLATE,
     )
 
