@@ -148,16 +148,10 @@ def select_files(
     return files
 
 
-def merge_adapter(output_dir: str | Path, target_dir: str | Path) -> Path:
-    """Reload the base in float32 (from `base_model_path`), merge the adapter, save to `target_dir`.
-
-    Works for an adapter trained on a 4-bit base: LoRA weights are stored unquantised, so they load
-    onto plain `nn.Linear` layers; the merged weights are then W + (alpha / r) B A in float32.
-    """
-    import torch
+def base_model_ref(output_dir: str | Path) -> str:
+    """The base an adapter was trained on: `grpo_run.json`'s `base_model_path`, else the adapter
+    config's `base_model_name_or_path`; a ValueError saying how to fix it if neither names one."""
     from peft import PeftConfig
-
-    from ..policy import load_adapter, load_model
 
     run = load_run_info(output_dir)
     base_ref = run.get("base_model_path") or run.get("base_model")
@@ -167,10 +161,29 @@ def merge_adapter(output_dir: str | Path, target_dir: str | Path) -> Path:
             f"Cannot merge: neither grpo_run.json nor adapter_config.json in {output_dir} names the "
             "base model. Add 'base_model_path' to grpo_run.json."
         )
+    return base_ref
+
+
+def merged_model(output_dir: str | Path):
+    """The base reloaded in float32 (from `base_model_ref`) with the adapter merged in: the one
+    merge path (`publish --merge`, `export --gguf`).
+
+    Works for an adapter trained on a 4-bit base: LoRA weights are stored unquantised, so they load
+    onto plain `nn.Linear` layers; the merged weights are then W + (alpha / r) B A in float32.
+    """
+    import torch
+
+    from ..policy import load_adapter, load_model
+
+    base_ref = base_model_ref(output_dir)
     logger.info("Merging the adapter into %s reloaded in float32", base_ref)
     base = load_model(base_ref, {"dtype": torch.float32})
-    merged = load_adapter(base, output_dir).merge_and_unload()
-    merged.save_pretrained(target_dir)
+    return load_adapter(base, output_dir).merge_and_unload()
+
+
+def merge_adapter(output_dir: str | Path, target_dir: str | Path) -> Path:
+    """`merged_model(output_dir)` saved to `target_dir`."""
+    merged_model(output_dir).save_pretrained(target_dir)
     return Path(target_dir)
 
 
