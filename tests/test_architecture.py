@@ -117,7 +117,7 @@ TRAINING_ROOMS: list[tuple[str, set[str], str]] = [
     ("sampling", {"evaluation", "rewards"}, "the rollout sampler, tools, streamed data"),
     ("inputs", {"distributed", "evaluation", "sampling"}, "the trainer's inputs, checked once"),
     ("autopilot", {"inputs", "run", "sampling"}, "the memory autopilot"),
-    ("publish", {"evaluation", "policy", "run"}, "the model card, its plots, the Hub"),
+    ("publish", {"evaluation", "policy", "run"}, "the model card, its plots, the Hub, GGUF"),
     ("trainer", {"*"}, "GRPOTrainer: orchestration, imports any room"),
 ]
 

@@ -223,8 +223,9 @@ def _write_atomic(path: Path, write) -> None:
         temp.unlink(missing_ok=True)
 
 
-def write_gguf(model: Any, tokenizer: Any, out: str | Path, quant: str = "f16", *,
-               overwrite: bool = False) -> ExportPaths:  # fmt: skip
+def write_gguf(
+    model: Any, tokenizer: Any, out: str | Path, quant: str = "f16", *, overwrite: bool = False
+) -> ExportPaths:
     """Write a merged (plain, not PEFT) `model` and its tokenizer as a GGUF + Modelfile."""
     import gguf
 
@@ -268,8 +269,13 @@ def _source_config(run_dir: Path, kind: str) -> Any:
     return AutoConfig.from_pretrained(resolve_model_path(str(source)))
 
 
-def export_gguf(run_dir: str | Path, out: str | Path | None = None, quant: str = "f16", *,
-                overwrite: bool = False) -> ExportPaths:  # fmt: skip
+def export_gguf(
+    run_dir: str | Path,
+    out: str | Path | None = None,
+    quant: str = "f16",
+    *,
+    overwrite: bool = False,
+) -> ExportPaths:
     """`grpo-plugin export RUN_DIR --gguf TYPE`: merge (if an adapter), then `write_gguf`.
 
     The default `out` is `RUN_DIR/<run dir name>-<TYPE>.gguf`. Everything that can be checked

@@ -13,57 +13,22 @@ import random
 
 import pytest
 import torch
-from conftest import make_tiny_tokenizer, make_trainer, tiny_lora
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from conftest import CHATML_SPECIALS as SPECIALS
+from conftest import make_bpe_tokenizer, make_tiny_tokenizer, make_trainer, tiny_lora
+from tokenizers import pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_plugin.training.publish import gguf as gguf_export
 from grpo_plugin.training.publish.gguf import GGUFExportError, export_gguf, write_gguf
-from grpo_plugin.training.publish.gguf_vocab import LLAMA3_SPLIT, modelfile_text, vocab_facts
+from grpo_plugin.training.publish.gguf_vocab import modelfile_text, vocab_facts
 from grpo_plugin.training.publish.hub import merged_model
 
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-CORPUS = ["What is 12 + 7? The answer is 19.", "hello world, hello there", "Let's think: 3*4=12"]
 # Bounds on max |logit difference|, with logits spanning about +-3.5 (INIT_RANGE 0.1). Measured
 # (llama / qwen2): f16 0.0024 / 0.0035, bf16 0.021 / 0.022, q8_0 0.093 / 0.080.
 F16_ATOL = 1e-2  # the issue's bound
 BF16_ATOL = 0.05
 Q8_ATOL = 0.15
 INIT_RANGE = 0.1
-
-
-def make_bpe_tokenizer(arch: str):
-    """A byte-level BPE fast tokenizer (~300 tokens) with the pre-tokenizer of `arch`."""
-    from transformers import PreTrainedTokenizerFast
-    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
-
-    split = PRETOKENIZE_REGEX if arch == "qwen2" else LLAMA3_SPLIT
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(split), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=320,
-        special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    backend.train_from_iterator(CORPUS * 20, trainer)
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token="<|endoftext|>",
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-    )
-    tok.chat_template = CHATML
-    return tok
 
 
 def make_model(arch: str, vocab_size: int, seed: int = 0):
