@@ -71,12 +71,9 @@ def make_bpe_tokenizer(arch: str):
 
     split = PRETOKENIZE_REGEX if arch == "qwen2" else LLAMA3_SPLIT
     backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(split), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
+    # Trained on unsplit text, so merges cross word, digit and space boundaries: then the ids
+    # depend on the split, and a GGUF naming the wrong pre-tokenizer reads back other ids.
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=320,
@@ -84,6 +81,12 @@ def make_bpe_tokenizer(arch: str):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     backend.train_from_iterator(BPE_CORPUS * 20, trainer)
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         bos_token="<|endoftext|>",

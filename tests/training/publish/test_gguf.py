@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import random
 
+import gguf
 import pytest
 import torch
 from conftest import CHATML_SPECIALS as SPECIALS
@@ -20,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_plugin.training.publish import gguf as gguf_export
 from grpo_plugin.training.publish.gguf import GGUFExportError, export_gguf, write_gguf
-from grpo_plugin.training.publish.gguf_vocab import modelfile_text, vocab_facts
+from grpo_plugin.training.publish.gguf_vocab import modelfile_text, pre_tokenizer_name, vocab_facts
 from grpo_plugin.training.publish.hub import merged_model
 
 # Bounds on max |logit difference|, with logits spanning about +-3.5 (INIT_RANGE 0.1). Measured
@@ -139,6 +140,8 @@ def test_tokenizer_reads_back_with_the_same_ids(arch_setup, tmp_path):
         "<|endoftext|>",
     )
     assert back.chat_template == tok.chat_template
+    pre = gguf.GGUFReader(paths.gguf).fields["tokenizer.ggml.pre"].contents()
+    assert pre == {"llama": "llama-bpe", "qwen2": "qwen2"}[arch]
     strings = test_strings(tok)
     assert len(strings) >= 250
     for text in strings:
@@ -146,6 +149,29 @@ def test_tokenizer_reads_back_with_the_same_ids(arch_setup, tmp_path):
     messages = [{"role": "user", "content": "What is 2 + 2?"}]
     rendered = back.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert rendered == tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+# The pre_tokenizer of each family's tokenizer.json, as their Hub repos spell it.
+_BYTES = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
+_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}%s"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+REAL_PRE_TOKENIZERS = {
+    "smollm": [{"type": "Digits", "individual_digits": True}, dict(_BYTES, use_regex=True)],
+    "qwen2": [{"type": "Split", "pattern": {"Regex": _SPLIT % ""}, "behavior": "Isolated"}, _BYTES],
+    "llama-bpe": [
+        {"type": "Split", "pattern": {"Regex": _SPLIT % "{1,3}"}, "behavior": "Isolated"},
+        _BYTES,
+    ],
+}
+
+
+@pytest.mark.parametrize("name", sorted(REAL_PRE_TOKENIZERS))
+def test_pre_tokenizer_names_of_the_supported_families(name):
+    spec = {"type": "Sequence", "pretokenizers": REAL_PRE_TOKENIZERS[name]}
+    assert pre_tokenizer_name(spec) == name
+    assert pre_tokenizer_name(dict(_BYTES, use_regex=True)) == "gpt-2"
 
 
 def test_modelfile_beside_the_gguf(arch_setup, tmp_path):
@@ -272,8 +298,6 @@ def test_existing_output_needs_overwrite(tmp_path):
 
 
 def test_full_disk_leaves_nothing_under_the_final_name(tmp_path, monkeypatch):
-    import gguf
-
     tok = make_bpe_tokenizer("qwen2")
     model = make_model("qwen2", len(tok))
     old = tmp_path / "old.gguf"
