@@ -204,6 +204,22 @@ def test_llama3_rope_scaling_is_written_as_freq_factors():
     assert factors[-1] == pytest.approx(8.0)  # low frequencies by `factor`
 
 
+def test_llama3_rope_factors_land_in_the_file(tmp_path):
+    tok = make_bpe_tokenizer("llama")
+    model = make_model("llama", len(tok))
+    model.config.rope_parameters = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+        "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # fmt: skip
+    paths = write_gguf(model, tok, tmp_path / "m.gguf", "q8_0")
+    tensors = {t.name: t for t in gguf.GGUFReader(paths.gguf).tensors}
+    assert tensors["rope_freqs.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+    assert list(tensors["rope_freqs.weight"].data) == pytest.approx(
+        list(gguf_export.rope_freq_factors(model.config))
+    )
+    model.config.rope_parameters = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}
+    with pytest.raises(GGUFExportError, match="rope_type default or llama3.*'yarn'"):
+        write_gguf(model, tok, tmp_path / "y.gguf", "f16")
+
+
 # ----------------------------------------------------------------------------- a LoRA run dir
 
 
