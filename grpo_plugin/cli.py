@@ -249,6 +249,9 @@ def add_publish_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     parser.add_argument("--commit-message", default=None)
     parser.add_argument("--include-checkpoints", action="store_true")
     parser.add_argument("--include-completions", action="store_true")
+    parser.add_argument(
+        "--gguf", default=None, metavar="TYPE", help="also upload a GGUF (f16, q8_0, ...)"
+    )
     return parser
 
 
@@ -266,6 +269,7 @@ def publish_from_args(args: argparse.Namespace) -> int:
             commit_message=args.commit_message,
             include_checkpoints=args.include_checkpoints,
             include_completions=args.include_completions,
+            gguf=args.gguf,
         )
     except (ValueError, HubPublishError) as err:
         print(f"error: {err}", file=sys.stderr)

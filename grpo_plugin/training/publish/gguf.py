@@ -3,7 +3,7 @@
     grpo-plugin export RUN_DIR --gguf q8_0 [--out FILE] [--overwrite]
     trainer.save_gguf("model-q8_0.gguf", quant="q8_0")
 
-A LoRA adapter is merged into the base first, reloaded in float32 (`hub.merged_model`, the one
+A LoRA adapter is merged into the base first, reloaded in float32 (`weights.merged_model`, the one
 merge path, also for an adapter trained on a 4-bit base). Written with the `gguf` package only:
 2-D weights in the chosen type (a row length that is no multiple of the block size falls back to
 f16, as llama.cpp's converter does), 1-D tensors (norms, biases) in f32. Llama's q/k rows are
@@ -263,7 +263,7 @@ def _source_config(run_dir: Path, kind: str) -> Any:
     from transformers import AutoConfig
 
     from ...models import resolve_model_path
-    from .hub import base_model_ref
+    from .weights import base_model_ref
 
     source = run_dir if kind == "full" else base_model_ref(run_dir)
     return AutoConfig.from_pretrained(resolve_model_path(str(source)))
@@ -285,7 +285,7 @@ def export_gguf(
     from transformers import AutoTokenizer
 
     from ..policy import load_model
-    from .hub import merged_model, model_kind
+    from .weights import merged_model, model_kind
 
     run_dir = Path(run_dir)
     check_quant(quant)

@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from grpo_plugin.training.publish import gguf as gguf_export
 from grpo_plugin.training.publish.gguf import GGUFExportError, export_gguf, write_gguf
 from grpo_plugin.training.publish.gguf_vocab import modelfile_text, pre_tokenizer_name, vocab_facts
-from grpo_plugin.training.publish.hub import merged_model
+from grpo_plugin.training.publish.weights import merged_model
 
 # Bounds on max |logit difference|, with logits spanning about +-3 (INIT_RANGE 0.1). Measured
 # (llama / qwen2): f16 0.0027 / 0.0028, bf16 0.022 / 0.022, q8_0 0.075 / 0.069.
