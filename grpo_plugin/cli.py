@@ -1,4 +1,5 @@
-"""The `grpo-plugin` command: `train`, `eval`, `rewards`, `recipes`, `publish`. Parsing only:
+"""The `grpo-plugin` command: `train`, `eval`, `rewards`, `recipes`, `publish`, `export`. Parsing
+only:
 the work is done by `grpo_plugin.app` (nothing in the library imports this module).
 
     grpo-plugin train RECIPE.yaml|NAME [--key value ...] [--dry-run]
@@ -6,6 +7,7 @@ the work is done by `grpo_plugin.app` (nothing in the library imports this modul
     grpo-plugin rewards
     grpo-plugin recipes
     grpo-plugin publish OUTPUT_DIR --repo-id USER/NAME
+    grpo-plugin export RUN_DIR --gguf f16|bf16|q8_0|... [--out FILE.gguf] [--overwrite]
 
 `train` checks the whole recipe (keys, dataset, columns, rewards, batch sizes) before loading a
 model; a bad recipe exits with code 2 and one line on stderr. It then runs the recipe pipeline
@@ -225,7 +227,35 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("rewards", help="list the reward registry")
     sub.add_parser("recipes", help="list the built-in recipes (`grpo-plugin train NAME`)")
     add_publish_arguments(sub.add_parser("publish", help="upload a run to the Hugging Face Hub"))
+    _export_parser(sub)
     return parser
+
+
+def _export_parser(sub) -> None:
+    from .training.publish.gguf import QUANT_TYPES
+
+    p = sub.add_parser("export", help="write a run as a GGUF (llama.cpp, Ollama) + a Modelfile")
+    p.add_argument("run_dir", help="a training run's output dir (or a checkpoint-N dir)")
+    p.add_argument("--gguf", required=True, metavar="TYPE", help=f"one of {', '.join(QUANT_TYPES)}")
+    p.add_argument(
+        "--out", default=None, help="the .gguf to write (default: RUN_DIR/NAME-TYPE.gguf)"
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing GGUF / Modelfile")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .training.publish.gguf import export_gguf
+
+    try:
+        paths = export_gguf(args.run_dir, args.out, args.gguf, overwrite=args.overwrite)
+    except ValueError as err:  # bad input: one line, exit 2, as `train` and `publish`
+        return fail(str(err))
+    except OSError as err:  # the disk (full, read-only): nothing is left under the final name
+        return fail(str(err), code=1)
+    size = paths.gguf.stat().st_size / 2**20
+    print(f"Wrote {paths.gguf} ({size:.1f} MiB) and {paths.modelfile}")
+    print(f"Run it: llama-cli -m {paths.gguf}  |  ollama create NAME -f {paths.modelfile}")
+    return 0
 
 
 def add_publish_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -240,6 +270,9 @@ def add_publish_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     parser.add_argument("--commit-message", default=None)
     parser.add_argument("--include-checkpoints", action="store_true")
     parser.add_argument("--include-completions", action="store_true")
+    parser.add_argument(
+        "--gguf", default=None, metavar="TYPE", help="also upload a GGUF (f16, q8_0, ...)"
+    )
     return parser
 
 
@@ -257,6 +290,7 @@ def publish_from_args(args: argparse.Namespace) -> int:
             commit_message=args.commit_message,
             include_checkpoints=args.include_checkpoints,
             include_completions=args.include_completions,
+            gguf=args.gguf,
         )
     except ValueError as err:  # bad input, found before anything loads or uploads
         return fail(str(err))
@@ -291,6 +325,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet_logs()
     if args.command == "eval":
         return cmd_eval(args)
+    if args.command == "export":
+        return cmd_export(args)
     return publish_from_args(args)
 
 

@@ -52,6 +52,51 @@ def make_tiny_tokenizer():
     return tok
 
 
+CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+BPE_CORPUS = [
+    "What is 12 + 7? The answer is 19.",
+    "hello world, hello there",
+    "Let's think: 3*4=12",
+]
+
+
+def make_bpe_tokenizer(arch: str):
+    """A byte-level BPE fast tokenizer (~300 tokens, trained offline on a few strings) with the
+    pre-tokenizer of `arch` ("llama": Llama 3's, "qwen2": Qwen2's), as GGUF export needs."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    from grpo_plugin.training.publish.gguf_vocab import LLAMA3_SPLIT
+
+    split = PRETOKENIZE_REGEX if arch == "qwen2" else LLAMA3_SPLIT
+    backend = Tokenizer(models.BPE())
+    # Trained on unsplit text, so merges cross word, digit and space boundaries: then the ids
+    # depend on the split, and a GGUF naming the wrong pre-tokenizer reads back other ids.
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=CHATML_SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    backend.train_from_iterator(BPE_CORPUS * 20, trainer)
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<|endoftext|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
 def make_tiny_model(
     tokenizer, seed: int = 0, hidden: int = 32, layers: int = 2, initializer_range: float = 0.02
 ):

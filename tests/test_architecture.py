@@ -130,7 +130,11 @@ TRAINING_ROOMS: list[tuple[str, set[str], str]] = [
         "the trainer's inputs, checked once",
     ),
     ("autopilot", {"inputs", "run", "sampling"}, "the memory autopilot"),
-    ("publish", {"evaluation", "inputs", "policy", "run"}, "the model card, its plots, the Hub"),
+    (
+        "publish",
+        {"evaluation", "inputs", "policy", "run"},
+        "the model card, its plots, the Hub, GGUF",
+    ),
     ("trainer", {"*"}, "GRPOTrainer: orchestration, imports any room"),
 ]
 

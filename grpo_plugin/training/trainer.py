@@ -53,6 +53,7 @@ from .policy import (
     reference_mode,
     trainer_init_kwargs,
 )
+from .publish.gguf import save_trainer_gguf
 from .rewards.context import RewardContext
 from .rewards.sources import RewardSources
 from .run import checkpoints, completions_log, guards, lifecycle, resume, rundir
@@ -142,12 +143,9 @@ class GRPOTrainer(Trainer):
         self.loss_is_scaled_for_ga = False  # the Trainer divides each micro-loss by GA
         self.model_accepts_loss_kwargs = False
         # what a resume restores besides weights, optimizer, scheduler and RNG (run/state.py)
-        self.run_state = RunState(
-            MetricsWindow(),
-            ZeroStdWatch(args.zero_std_patience),
-            self.eval_watch,
-            synced_reference=self.ref_model if args.sync_ref_model else None,
-        )
+        synced = self.ref_model if args.sync_ref_model else None
+        watches = ZeroStdWatch(args.zero_std_patience), self.eval_watch
+        self.run_state = RunState(MetricsWindow(), *watches, synced_reference=synced)
         self._metrics = self.run_state.metrics  # the window the rollout's metrics go to
         self._seen_step, self._micro = -1, 0
         self._rollout_key = RolloutKey(args.seed, 0)  # keys every random draw of a rollout
@@ -400,9 +398,8 @@ class GRPOTrainer(Trainer):
             self._objective.save_state(checkpoint)  # TRL's entropy_ctrl_state.json
 
     def plan_batch(self, checkpoint: str | None) -> None:
-        """auto_find_batch_size, before the first step: `autopilot.choose`'s plan (None keeps the
-        configured sizes), validated by the config like a user's sizes; chosen once (transformers'
-        own batch-halving loop stays off)."""
+        """auto_find_batch_size, before the first step: `autopilot.choose`'s plan (None: kept),
+        validated like a user's sizes; chosen once (transformers' batch-halving stays off)."""
         plan = autopilot.choose(self, checkpoint)
         self.args.auto_find_batch_size = False
         if plan is None:
@@ -441,10 +438,13 @@ class GRPOTrainer(Trainer):
         return rundir.trainer_summary(self)
 
     def push_to_hub(self, repo_id: str | None = None, *, token: str | None = None, **kwargs) -> str:
-        """Save, plot, write the model card and publish the output dir as one commit (`kwargs`:
-        private, merge, revision, commit_message, ...: `app.hub.publish`)."""
+        """Save, plot, write the card, publish as one commit (kwargs: `publish/hub.py` publish)."""
         from .publish.hub import publish_trainer
 
         return publish_trainer(
             self, repo_id or self.args.hub_model_id, token or self._hub_token, **kwargs
         )
+
+    def save_gguf(self, path: str | Path, quant: str = "f16", *, overwrite: bool = False) -> Any:
+        """Save the run, then write it as one GGUF + an Ollama Modelfile (`publish/gguf.py`)."""
+        return save_trainer_gguf(self, path, quant, overwrite)

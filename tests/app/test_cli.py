@@ -228,3 +228,49 @@ def test_eval_checks_the_model_and_adapter_before_loading(
     )
     assert cli.main([*base, "--adapter", str(adapter)]) == 2
     assert f"model path {tmp_path / 'moved'} does not exist" in _one_error_line(capsys)
+
+
+# ----------------------------------------------------------------------------- export
+
+
+@pytest.fixture
+def full_run(tmp_path):
+    """A run dir holding full weights (a tiny Llama) and a byte-level BPE tokenizer."""
+    from conftest import make_bpe_tokenizer, make_tiny_model
+
+    tok = make_bpe_tokenizer("llama")
+    run = tmp_path / "run"
+    make_tiny_model(tok).save_pretrained(run)
+    tok.save_pretrained(run)
+    return run
+
+
+def test_export_writes_a_gguf_and_a_modelfile(full_run, capsys):
+    assert cli.main(["export", str(full_run), "--gguf", "q8_0"]) == 0
+    gguf, modelfile = full_run / "run-q8_0.gguf", full_run / "run-q8_0.Modelfile"
+    assert gguf.read_bytes()[:4] == b"GGUF" and modelfile.read_text().startswith("FROM ./run-q8_0")
+    out = capsys.readouterr().out
+    assert f"Wrote {gguf}" in out and "ollama create" in out
+    assert cli.main(["export", str(full_run), "--gguf", "q8_0", "--overwrite"]) == 0
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (["--gguf", "q3_k"], "--gguf 'q3_k' is not a type this export writes; use one of f32, f16"),
+        (["--gguf", "f16", "--out", "{run}/run-q8_0.gguf"], "already exist(s); pass --overwrite"),
+    ],
+)
+def test_export_bad_input_one_line(full_run, capsys, flags, expected):
+    assert cli.main(["export", str(full_run), "--gguf", "q8_0"]) == 0
+    kept = (full_run / "run-q8_0.gguf").read_bytes()
+    capsys.readouterr()
+    flags = [f.replace("{run}", str(full_run)) for f in flags]
+    assert cli.main(["export", str(full_run), *flags]) == 2
+    assert expected in _one_error_line(capsys)
+    assert (full_run / "run-q8_0.gguf").read_bytes() == kept
+
+
+def test_export_of_a_dir_without_weights(tmp_path, capsys):
+    assert cli.main(["export", str(tmp_path), "--gguf", "f16"]) == 2
+    assert "holds no adapter and no full model" in _one_error_line(capsys)

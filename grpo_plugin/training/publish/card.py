@@ -242,6 +242,26 @@ print(tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_to
     return f"## How to use\n\n{snippet}\n{notes}"
 
 
+def _local_section(repo_id: str, gguf_file: str | None) -> str:
+    """ "Run it locally": llama.cpp and Ollama on the GGUF uploaded with `publish --gguf`."""
+    if not gguf_file:
+        return ""
+    modelfile = gguf_file.removesuffix(".gguf") + ".Modelfile"
+    name = repo_id.split("/")[-1].lower()
+    return f"""## Run it locally
+
+`{gguf_file}` is this model as one GGUF file (adapter merged), for llama.cpp, Ollama and LM Studio.
+
+```bash
+# llama.cpp
+llama-cli --hf-repo {repo_id} --hf-file {gguf_file} -cnv
+# Ollama, with the chat template and stop tokens of `{modelfile}`
+hf download {repo_id} {gguf_file} {modelfile} --local-dir {name}
+ollama create {name} -f {name}/{modelfile} && ollama run {name}
+```
+"""
+
+
 def _citation_section(run: dict[str, Any]) -> str:
     names = ["GRPO"]
     if run.get("objective"):
@@ -253,10 +273,15 @@ def _citation_section(run: dict[str, Any]) -> str:
 
 
 def build_model_card(
-    output_dir: str | Path, *, merged: bool = False, repo_id: str | None = None
+    output_dir: str | Path,
+    *,
+    merged: bool = False,
+    repo_id: str | None = None,
+    gguf_file: str | None = None,
 ) -> ModelCard:
     """The model card of a run. `merged`: describe merged full weights instead of an adapter;
-    `repo_id`: the id the snippet loads from (else a placeholder)."""
+    `repo_id`: the id the snippet loads from (else a placeholder); `gguf_file`: a GGUF uploaded
+    beside the weights (adds "Run it locally")."""
     output_dir = Path(output_dir)
     run = load_run_info(output_dir)
     card_data = build_card_data(run, merged=merged)
@@ -272,6 +297,7 @@ def build_model_card(
         eval_section(output_dir, run),
         _curve_section(output_dir),
         _usage_section(run, repo_id or "USER/MODEL", merged),
+        _local_section(repo_id or "USER/MODEL", gguf_file),
         _citation_section(run),
     ]
     body = "\n".join(section for section in sections if section)

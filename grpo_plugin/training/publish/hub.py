@@ -11,8 +11,12 @@ The output dir is never modified: the card and merged weights are staged in a te
 `HF_ENDPOINT` and `HF_TOKEN` are read at call time (huggingface_hub reads `HF_ENDPOINT` only at
 import). The token is passed to `HfApi` and nowhere else; error messages are scrubbed of it.
 
+With `gguf=TYPE` (`--gguf q8_0`) the run is also exported as `NAME-TYPE.gguf` + its Ollama
+Modelfile (`gguf.py`, into the staging dir) and both go into the same commit; the card then has a
+"Run it locally" section.
+
 CLI: `grpo-plugin publish OUTPUT_DIR --repo-id USER/NAME [--private] [--merge] [--revision BRANCH]
-[--commit-message ...]` (`cli.py` parses it and calls `publish`).
+[--commit-message ...] [--gguf TYPE]` (`cli.py` parses it and calls `publish`).
 """
 
 from __future__ import annotations
@@ -27,20 +31,18 @@ from pathlib import Path
 from huggingface_hub import CommitOperationAdd, HfApi, constants, get_token
 from huggingface_hub.errors import HfHubHTTPError
 
-from ..inputs import check_model_source
 from ..run.rundir import (
     CARD_FILE,
     COMPLETIONS_DIR,
     CURVE_FILE,
     EVAL_FILE,
     METRICS_FILE,
-    load_run_info,
 )
 from .card import build_model_card
+from .weights import ADAPTER_FILES, base_model_ref, merge_adapter, model_kind
 
 logger = logging.getLogger(__name__)
 
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 MODEL_PATTERNS = (
     "config.json",
     "generation_config.json",
@@ -90,26 +92,6 @@ def check_repo_id(repo_id: str) -> None:
         raise ValueError(f"Invalid repo id {repo_id!r}: {err}") from err
 
 
-def model_kind(output_dir: Path) -> str:
-    """ "adapter" or "full"; a ValueError saying what is missing otherwise."""
-    if not output_dir.is_dir():
-        raise ValueError(f"Output dir {output_dir} does not exist; pass the output_dir of a run.")
-    has = {name: (output_dir / name).is_file() for name in ADAPTER_FILES}
-    if all(has.values()):
-        return "adapter"
-    weights = list(output_dir.glob("model*.safetensors"))
-    if (output_dir / "config.json").is_file() and weights:
-        return "full"
-    missing = [name for name, present in has.items() if not present]
-    present = sorted(p.name for p in output_dir.iterdir())[:20]
-    raise ValueError(
-        f"{output_dir} holds no adapter and no full model: missing {', '.join(missing)} "
-        "(or, for a full model, config.json + model.safetensors). "
-        f"Found: {', '.join(present) or 'nothing'}. Point this at a finished run's output_dir "
-        "or one of its checkpoint-N dirs."
-    )
-
-
 def resolve_token(token: str | None) -> str:
     token = token or get_token()
     if not token:
@@ -149,38 +131,17 @@ def select_files(
     return files
 
 
-def merge_base(output_dir: str | Path) -> str:
-    """The base model an adapter is merged into, checked as `train` checks a model (one line)."""
-    from peft import PeftConfig
+def _add_gguf(
+    files: dict[str, Path], output_dir: Path, repo_id: str, quant: str, staging: Path
+) -> str:
+    """Export the run as `NAME-TYPE.gguf` + its Modelfile into `staging`, add both to `files`."""
+    from .gguf import export_gguf
 
-    run = load_run_info(output_dir)
-    base_ref = run.get("base_model_path") or run.get("base_model")
-    base_ref = base_ref or PeftConfig.from_pretrained(str(output_dir)).base_model_name_or_path
-    if not base_ref:
-        raise ValueError(
-            f"Cannot merge: neither grpo_run.json nor adapter_config.json in {output_dir} names the "
-            "base model. Add 'base_model_path' to grpo_run.json."
-        )
-    check_model_source(base_ref)  # a base that moved: one line, before anything loads
-    return base_ref
-
-
-def merge_adapter(output_dir: str | Path, target_dir: str | Path) -> Path:
-    """Reload the base in float32 (from `base_model_path`), merge the adapter, save to `target_dir`.
-
-    Works for an adapter trained on a 4-bit base: LoRA weights are stored unquantised, so they load
-    onto plain `nn.Linear` layers; the merged weights are then W + (alpha / r) B A in float32.
-    """
-    import torch
-
-    from ..policy import load_adapter, load_model
-
-    base_ref = merge_base(output_dir)
-    logger.info("Merging the adapter into %s reloaded in float32", base_ref)
-    base = load_model(base_ref, {"dtype": torch.float32})
-    merged = load_adapter(base, output_dir).merge_and_unload()
-    merged.save_pretrained(target_dir)
-    return Path(target_dir)
+    paths = export_gguf(
+        output_dir, staging / f"{repo_id.split('/')[-1]}-{quant.lower()}.gguf", quant
+    )
+    files.update({p.name: p for p in (paths.gguf, paths.modelfile)})
+    return paths.gguf.name
 
 
 def _operations(files: dict[str, Path], card_text: str) -> list[CommitOperationAdd]:
@@ -249,14 +210,21 @@ def publish(
     token: str | None = None,
     include_checkpoints: bool = False,
     include_completions: bool = False,
+    gguf: str | None = None,
 ) -> str:
-    """Upload a run's output dir as one commit; returns the commit URL.
+    """Upload a run's output dir as one commit; returns the commit URL. `gguf`: a type
+    (`f16`, `q8_0`, ...) to upload the run also as a GGUF + Ollama Modelfile (`gguf.py`).
 
-    Raises ValueError for a bad repo id, a dir without adapter/model or no token (before any
-    network call) and HubPublishError when the Hub fails (after huggingface_hub's retries).
+    Raises ValueError for a bad repo id, a dir without adapter/model, a bad GGUF type or no token
+    (before any network call) and HubPublishError when the Hub fails (after huggingface_hub's
+    retries).
     """
+    from .gguf import check_quant
+
     output_dir = Path(output_dir)
     check_repo_id(repo_id)
+    if gguf:
+        check_quant(gguf)
     kind = model_kind(output_dir)
     token = resolve_token(token)
     if constants.is_offline_mode():
@@ -264,7 +232,7 @@ def publish(
     endpoint = (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
     merged = merge and kind == "adapter"
     if merged:
-        merge_base(output_dir)  # the base exists: checked before the upload is prepared
+        base_model_ref(output_dir)  # the base exists: checked before the upload is prepared
     if merge and kind == "full":
         logger.info("%s already holds full weights; --merge has nothing to merge.", output_dir)
 
@@ -280,9 +248,12 @@ def publish(
             files.update(
                 {p.name: p for p in merged_dir.iterdir() if _matches(p.name, MODEL_PATTERNS)}
             )
+        gguf_file = _add_gguf(files, output_dir, repo_id, gguf, Path(staging)) if gguf else None
         if CURVE_FILE not in files:
             logger.warning("%s has no %s; the card will have no curve.", output_dir, CURVE_FILE)
-        card = build_model_card(output_dir, merged=merged or kind == "full", repo_id=repo_id)
+        card = build_model_card(
+            output_dir, merged=merged or kind == "full", repo_id=repo_id, gguf_file=gguf_file
+        )
         message = (
             commit_message
             or f"Upload {'merged model' if merged else KIND_NAMES[kind]} trained with grpo-plugin"

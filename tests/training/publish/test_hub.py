@@ -337,3 +337,52 @@ def test_merge_checks_the_base_before_loading_it(
     err = capsys.readouterr().err
     assert err.startswith(f"error: model path {base} does not exist") and err.count("\n") == 1
     assert hub.requests == []
+
+
+# ----------------------------------------------------------------------------- --gguf
+
+
+@pytest.fixture(scope="module")
+def bpe_run(tmp_path_factory):
+    """An adapter run whose tokenizer GGUF export can write (byte-level BPE)."""
+    from conftest import make_bpe_tokenizer, make_tiny_model
+
+    tok = make_bpe_tokenizer("llama")
+    base_dir = tmp_path_factory.mktemp("bpe-base")
+    make_tiny_model(tok).save_pretrained(base_dir)
+    tok.save_pretrained(base_dir)
+    run_dir = tmp_path_factory.mktemp("bpe-run")
+    make_adapter_run(run_dir, base_dir, tok)
+    return run_dir
+
+
+def test_publish_gguf_uploads_it_with_a_modelfile_and_a_card_section(bpe_run, hub, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    before = digest_tree(bpe_run)
+    publish(bpe_run, REPO, gguf="q8_0")
+    assert len(hub.commits) == 1
+    stored = hub.repo_dir(REPO)
+    files = set(digest_tree(stored))
+    assert {"tiny-grpo-q8_0.gguf", "tiny-grpo-q8_0.Modelfile", "adapter_model.safetensors"} <= files
+    card = (stored / "README.md").read_text()
+    assert "## Run it locally" in card
+    assert f"llama-cli --hf-repo {REPO} --hf-file tiny-grpo-q8_0.gguf" in card
+    assert "ollama create tiny-grpo -f tiny-grpo/tiny-grpo-q8_0.Modelfile" in card
+    assert (
+        (stored / "tiny-grpo-q8_0.Modelfile").read_text().startswith("FROM ./tiny-grpo-q8_0.gguf")
+    )
+    (tmp_path / "g").mkdir()
+    shutil.copy(stored / "tiny-grpo-q8_0.gguf", tmp_path / "g")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "g", gguf_file="tiny-grpo-q8_0.gguf")
+    assert model.config.model_type == "llama"
+    assert digest_tree(bpe_run) == before  # the run dir is untouched
+
+
+def test_publish_gguf_bad_type_or_tokenizer_commits_nothing(bpe_run, trained, hub):
+    with pytest.raises(ValueError, match="--gguf 'q3_k' is not a type"):
+        publish(bpe_run, REPO, gguf="q3_k")
+    assert main(["publish", str(bpe_run), "--repo-id", REPO, "--gguf", "q3_k"]) == 1
+    with pytest.raises(ValueError, match="not byte-level BPE"):
+        publish(trained[0], REPO, gguf="f16")  # the char-level test tokenizer
+    assert hub.commits == []
