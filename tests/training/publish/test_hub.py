@@ -382,7 +382,9 @@ def test_publish_gguf_uploads_it_with_a_modelfile_and_a_card_section(bpe_run, hu
 def test_publish_gguf_bad_type_or_tokenizer_commits_nothing(bpe_run, trained, hub):
     with pytest.raises(ValueError, match="--gguf 'q3_k' is not a type"):
         publish(bpe_run, REPO, gguf="q3_k")
-    assert main(["publish", str(bpe_run), "--repo-id", REPO, "--gguf", "q3_k"]) == 1
+    assert (
+        main(["publish", str(bpe_run), "--repo-id", REPO, "--gguf", "q3_k"]) == 2
+    )  # bad input: exit 2, before any upload
     with pytest.raises(ValueError, match="not byte-level BPE"):
         publish(trained[0], REPO, gguf="f16")  # the char-level test tokenizer
     assert hub.commits == []
