@@ -282,6 +282,7 @@ def fsdp2(out: Path) -> None:
     """torch's FSDP2 on the gloo processes (accelerate 1.15 enables its FSDP plugin on GPUs only):
     each process samples its own prompt in `full_parameters` (process 0 twice, process 1 once)
     and backpropagates through `forward_through`; FSDP2 averages the gradients."""
+    from contextlib import nullcontext
     from types import SimpleNamespace
 
     from torch.distributed.fsdp import fully_shard
@@ -290,7 +291,7 @@ def fsdp2(out: Path) -> None:
     for layer in model.base_model.model.model.layers:
         fully_shard(layer)
     fully_shard(model)
-    accelerator = SimpleNamespace(is_fsdp2=True, unwrap_model=lambda m: m)
+    accelerator = SimpleNamespace(is_fsdp2=True, unwrap_model=lambda m: m, autocast=nullcontext)
     ids = sharded_policy_step(model, tokenizer, RANK, accelerator, rounds=2 - RANK)
     grads = {n: p.grad.full_tensor() for n, p in model.named_parameters() if p.grad is not None}
     if RANK == 0:
