@@ -3,6 +3,10 @@ next to the HF model's, tokens/s and file sizes, for each GGUF type. Not part of
 `llama-cpp-python`, which builds llama.cpp from source (`pip install llama-cpp-python`).
 
     python benchmarks/gguf_llamacpp.py RUN_DIR [--types f16 q8_0] [--out-dir DIR]
+        [--llama-python PATH]
+
+llama.cpp runs in a child process (`--llama-python`: a Python with llama-cpp-python, by default
+this one): loaded into the same process as torch, the two OpenMP runtimes crashed it here.
 
 RUN_DIR is a finished recipe run (its `recipe.yaml` names the held-out data and the reward). Both
 sides get the same prompt token ids (the run's tokenizer and chat template) and decode greedily
@@ -14,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
-
-import torch
 
 
 def held_out(run_dir: Path):
@@ -41,6 +45,8 @@ def accuracy(reward, rows, completions: list[str]) -> float:
 def hf_greedy(
     run_dir: Path, prompts: list[list[int]], max_new: int, stop: set[int]
 ) -> list[list[int]]:
+    import torch
+
     from grpo_plugin.training.publish.weights import merged_model
 
     model = merged_model(run_dir).eval()
@@ -76,11 +82,29 @@ def llama_greedy(gguf: Path, prompts: list[list[int]], max_new: int, stop: set[i
     return out, tokens / seconds if seconds else float("nan")
 
 
+def run_llama(python: str, gguf: Path, prompts: list[list[int]], max_new: int, stop: set[int]):
+    """`llama_greedy` in a child process (no torch there); returns its completions and speed."""
+    job = gguf.with_suffix(".job.json")
+    job.write_text(json.dumps({"prompts": prompts, "max_new": max_new, "stop": sorted(stop)}))
+    subprocess.run([python, __file__, "--worker", str(gguf), str(job)], check=True)
+    done = json.loads(job.read_text())
+    return done["completions"], done["tokens_per_s"]
+
+
+def worker(gguf: Path, job: Path) -> None:
+    spec = json.loads(job.read_text())
+    completions, speed = llama_greedy(gguf, spec["prompts"], spec["max_new"], set(spec["stop"]))
+    job.write_text(json.dumps({"completions": completions, "tokens_per_s": speed}))
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--worker"]:
+        return worker(Path(sys.argv[2]), Path(sys.argv[3]))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--types", nargs="+", default=["f16", "q8_0"])
     parser.add_argument("--out-dir", type=Path, default=Path("/tmp/gguf-bench"))
+    parser.add_argument("--llama-python", default=sys.executable)
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
@@ -99,7 +123,7 @@ def main() -> None:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for quant in args.types:
         paths = export_gguf(args.run_dir, args.out_dir / f"run-{quant}.gguf", quant, overwrite=True)
-        completions, speed = llama_greedy(paths.gguf, prompts, max_new, stop)
+        completions, speed = run_llama(args.llama_python, paths.gguf, prompts, max_new, stop)
         report[quant] = {
             "accuracy": accuracy(reward, rows, decode(completions)),
             "decode_tokens_per_s": round(speed, 1),
