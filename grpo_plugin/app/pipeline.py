@@ -248,7 +248,7 @@ def _run(recipe: Recipe, rewards: list[Callable], data: RecipeData, out: Path) -
     evaluation.update(training_evaluations(trainer, evaluation))
     if trainer.is_world_process_zero():  # one writer (several processes run this function)
         rundir.write_json(out / rundir.EVAL_FILE, evaluation)
-        write_recipe_copy(recipe, out, (trainer._resume_record or {}).get("phases", ()))
+        write_recipe_copy(recipe, out, trainer.resume_plan.phases)
         plot_reward_curve(out)
         write_model_card(out)
     evaluation["total_seconds"] = round(time.perf_counter() - start, 1)

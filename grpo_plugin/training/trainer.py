@@ -147,8 +147,8 @@ class GRPOTrainer(Trainer):
         watches = ZeroStdWatch(args.zero_std_patience), self.eval_watch
         self.run_state = RunState(MetricsWindow(), *watches, synced_reference=synced)
         self._metrics = self.run_state.metrics  # the window the rollout's metrics go to
-        self._seen_step, self._micro = -1, 0
-        self._rollout_key = RolloutKey(args.seed, 0)  # keys every random draw of a rollout
+        self._seen_step, self._micro, self._rollout_key = -1, 0, RolloutKey(args.seed, 0)
+        self.resume_plan = resume.ResumePlan()  # what train()'s resume checks found (resume.py)
         self._staging_dir: str | None = None  # where a checkpoint is being written (lifecycle.py)
         self._share_group = shared_group_size(
             args.num_generations, args.per_device_train_batch_size

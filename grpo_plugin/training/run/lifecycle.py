@@ -103,7 +103,7 @@ def save_checkpoint(trainer: Any, save_staged: Callable[[str], None]) -> None:
         trainer.save_run_state(staged)
         if trainer.is_world_process_zero():
             trainer.state.save_to_json(str(staged / checkpoints.TRAINER_STATE))
-            record = getattr(trainer, "_resume_record", None)  # None: saved outside train()
+            record = trainer.resume_plan.record  # None: saved outside train()
             if record is not None:
                 resume_checks.save_record(staged, record)
 

@@ -294,22 +294,38 @@ def trainer_record(trainer: Any) -> dict[str, Any]:
     return run_record(trainer.args, identity)
 
 
+@dataclass
+class ResumePlan:
+    """What `prepare` found for one `train()` call, held by the trainer as `resume_plan` and
+    written only here: the run's record (saved with each checkpoint; None before `train()`) and,
+    on resume, the schedule `after_restore` rebuilds."""
+
+    record: dict[str, Any] | None = None
+    schedule: SchedulePlan | None = None
+
+    @property
+    def phases(self) -> list[dict[str, Any]]:
+        """grpo_run.json's `phases` (more than one: resumed with changes)."""
+        return (self.record or {}).get("phases", [])
+
+
 def prepare(trainer: Any, checkpoint: str | None) -> None:
     """Before `Trainer.train`: the run's record (saved with each checkpoint), and on resume the
-    checks above; what `after_restore` needs is kept on the trainer."""
-    trainer._resume_record, trainer._schedule_plan = trainer_record(trainer), None
+    checks above; what `after_restore` needs goes into `trainer.resume_plan`."""
+    plan = trainer.resume_plan
+    plan.record, plan.schedule = trainer_record(trainer), None
     if checkpoint is None:
         return
     missing = check_pieces(checkpoint, trainer.args)
-    changes = check_config(checkpoint, trainer._resume_record, trainer.args, missing)
+    changes = check_config(checkpoint, plan.record, trainer.args, missing)
     fresh = OPTIMIZER in missing or SCHEDULER in missing  # transformers then loads neither
     step = checkpoints.checkpoint_step(checkpoint) or 0
-    trainer._schedule_plan = SchedulePlan(step, changes.schedule, fresh)
+    plan.schedule = SchedulePlan(step, changes.schedule, fresh)
 
 
 def after_restore(trainer: Any, checkpoint: str | None) -> None:
     """After the Trainer restored optimizer and scheduler: `rebuild_schedule`."""
-    plan = getattr(trainer, "_schedule_plan", None)
+    plan = trainer.resume_plan.schedule
     if checkpoint is not None and plan is not None and trainer.lr_scheduler is not None:
         rebuild_schedule(trainer.optimizer, trainer.lr_scheduler, plan, trainer.args)
     _warned.clear()  # this resume is told; a later one in this process is told again
@@ -377,6 +393,7 @@ def _warn_zero_lr(scheduler: Any, lambdas: list, step: int, args: Any) -> None:
 
 __all__ = [
     "RECORD_FILE",
+    "ResumePlan",
     "Changes",
     "ResumeRefused",
     "RunIdentity",

@@ -267,7 +267,7 @@ def trainer_summary(trainer: Any) -> dict[str, Any]:
     )
     summary["evaluation"] = t.eval_watch.summary(t.args, t.state)
     summary["tools"] = [getattr(fn, "__name__", repr(fn)) for fn in t.tools]
-    phases = (getattr(t, "_resume_record", None) or {}).get("phases", [])
+    phases = t.resume_plan.phases
     if len(phases) > 1:  # resumed with changes (run/resume.py): the fields above are the last's
         summary["phases"] = phases
     return summary
