@@ -101,7 +101,11 @@ def main() -> None:
     report["auto"] = sandbox.isolation_level("auto")
     report["strict"] = sandbox.isolation_level("strict")
     jobs = json.load(sys.stdin)
-    report["jobs"] = {name: run_job(job, sandbox, reward_fns) for name, job in jobs.items()}
+    report["jobs"] = {}
+    for name, job in jobs.items():  # each with its wall time and log lines, for a failure's message
+        first, start = len(lines), time.monotonic()
+        report["jobs"][name] = run_job(job, sandbox, reward_fns)
+        report["jobs"][name].update(seconds=round(time.monotonic() - start, 1), log=lines[first:])
     report["log"] = [line for line in lines if "code_tests sandbox: isolation=" in line]
     print(json.dumps(report))
 

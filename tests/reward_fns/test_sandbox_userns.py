@@ -35,12 +35,33 @@ print(secret)
 def answer():
     return secret
 """
+# The attacks visit the processes nearest to them first (their ancestors: the harness, the judge,
+# the trainer), then the rest, newest first, and stop at the first find. A scan of every process
+# in order of PID read the whole memory of the big pytest process first and, on a loaded CI
+# machine, ran past the 10 s limit before it reached the trainer.
+PIDS = """
+def pids_nearest_first():
+    me, chain, pid = os.getpid(), [], os.getpid()
+    while True:
+        try:
+            pid = int(open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        if pid <= 0 or pid in chain:
+            break
+        chain.append(pid)
+    rest = sorted((int(p) for p in os.listdir('/proc') if p.isdigit()), reverse=True)
+    return [p for p in dict.fromkeys(chain + rest) if p != me]
+"""
 # The audit's attacks on a same-uid trainer (each scored 1.0 at rlimits when not root), aimed at
 # every process in sight, the judge included: it holds the tests and the verdict descriptor.
 SCAN_PROC = f"""
 import os, re
 pat, found = re.compile({PATTERN}), set()
-for pid in (p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()):
+{PIDS}
+for pid in pids_nearest_first():
+    if found:
+        break
     fds = []
     try:  # files and memfds only: reading another run's pipe would block
         for fd in os.listdir(f'/proc/{{pid}}/fd'):
@@ -72,7 +93,10 @@ libc = ctypes.CDLL(None, use_errno=True)
 pat, found = re.compile({PATTERN}), set()
 class iovec(ctypes.Structure):
     _fields_ = [('base', ctypes.c_void_p), ('len', ctypes.c_size_t)]
-for pid in [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]:
+{PIDS}
+for pid in pids_nearest_first():
+    if found:
+        break
     libc.ptrace(0x4206, pid, 0, 0)  # PTRACE_SEIZE
     try:
         maps = open(f'/proc/{{pid}}/maps').read().splitlines()
@@ -228,7 +252,7 @@ def report():
         "forks": program_job("bwrap-user", COUNT_FORKS, trainer_threads=40),
         # Controls, last: rlimits leaves its killed processes to the trainer (our subreaper).
         "reads_rlimits": code_job("rlimits", reads),
-        "attacks_rlimits": code_job("rlimits", READS_OF_THE_TRAINER),
+        "attacks_rlimits": code_job("rlimits", READS_OF_THE_TRAINER, 30.0),
         "overwrite_rlimits": program_job("rlimits", OVERWRITE_RESULTS_MEMFD, tests=ASSERT),
     }
     env = {"PATH": sandbox_launch.SAFE_PATH, "OMP_NUM_THREADS": "1", "TRAINER_SECRET": SECRET}
@@ -268,9 +292,10 @@ def test_the_whole_tree_is_the_allow_list(report):
 
 def test_the_audits_same_uid_attacks_score_zero(report):
     assert scores(report, "attacks", AUDIT_ATTACKS) == dict.fromkeys(AUDIT_ATTACKS, 0.0)
+    control = report["jobs"]["attacks_rlimits"]  # the attacks work where nothing isolates them
     assert scores(report, "attacks_rlimits", READS_OF_THE_TRAINER) == dict.fromkeys(
         READS_OF_THE_TRAINER, 1.0
-    )
+    ), f"{control['seconds']} s; log: {control['log'][-10:]}"
     control = report["jobs"]["overwrite_rlimits"]["stderr"]
     assert "targets 0" not in control  # at rlimits it reaches the trainer's results descriptor
 
