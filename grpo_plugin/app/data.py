@@ -14,6 +14,9 @@ Dataset spec keys (all optional except where noted):
     eval_split    split to read from `eval_path` (default "test" for Hub ids, else "train")
     train_size    keep the first N training rows (arithmetic default 64)
     eval_size     keep the first N held-out rows (arithmetic default 64)
+    validation_size  N rows for choosing checkpoints, apart from the held-out test rows
+                  (arithmetic: N more distinct pairs; otherwise the training data's last N
+                  rows, kept out of training); see `splits.py`
     seed          arithmetic only: the generator's seed
     low, high     arithmetic only: the operand range (inclusive)
     low_b, high_b arithmetic only: the second operand's range (default: low, high)
@@ -44,12 +47,24 @@ GSM8K_SYSTEM_PROMPT = (
 )
 LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 BUILTIN_NAMES = ("arithmetic", "gsm8k")
-_COMMON_KEYS = {"name", "path", "split", "eval_path", "eval_split", "train_size", "eval_size"}
+_SIZES = {"train_size", "eval_size", "validation_size"}
+_COMMON_KEYS = {"name", "path", "split", "eval_path", "eval_split", *_SIZES}
+_INTEGER_KEYS = (
+    "train_size",
+    "eval_size",
+    "validation_size",
+    "seed",
+    "low",
+    "high",
+    "low_b",
+    "high_b",
+)
 _KEYS_BY_NAME = {
     "arithmetic": {
         "name",
         "train_size",
         "eval_size",
+        "validation_size",
         "seed",
         "low",
         "high",
@@ -274,9 +289,12 @@ def validate_dataset_spec(spec: dict[str, Any]) -> None:
     _check_unknown_keys(spec, name)
     if not isinstance(spec.get("shots", []), list):
         raise ValueError("dataset: shots must be a list of messages ({role, content, ...})")
-    for key in ("train_size", "eval_size", "seed", "low", "high", "low_b", "high_b"):
-        if key in spec and not isinstance(spec[key], int):
-            raise ValueError(f"dataset: {key} must be an integer, got {spec[key]!r}")
+    for key in _INTEGER_KEYS:
+        value = spec.get(key, 0)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"dataset: {key} must be an integer, got {value!r}")
+    if spec.get("validation_size", 0) < 0:
+        raise ValueError("dataset: validation_size must be >= 0 (0: no validation split)")
     if name == "arithmetic":
         return
     if name is None and "path" not in spec:

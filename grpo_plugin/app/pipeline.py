@@ -85,7 +85,7 @@ def _evaluate(trainer, dataset, reward_fn: Callable, recipe: Recipe, label: str)
     return {k: result[k] for k in keep if k in result}
 
 
-def _build_trainer(recipe: Recipe, rewards: list[Callable], train, held_out):
+def _build_trainer(recipe: Recipe, rewards: list[Callable], data: RecipeData):
     from ..training.policy import lora_config, nf4_quantization
     from ..training.trainer import GRPOTrainer
 
@@ -104,8 +104,8 @@ def _build_trainer(recipe: Recipe, rewards: list[Callable], train, held_out):
         model=recipe.args.model,
         reward_funcs=rewards,
         args=recipe.config,
-        train_dataset=train,
-        eval_dataset=held_out,
+        train_dataset=data.train,
+        eval_dataset=data.validation if data.validation is not None else data.held_out,
         peft_config=peft_config,
         eval_metrics=eval_metrics_fn(recipe),
         tools=recipe_tools(recipe) or None,
@@ -124,7 +124,10 @@ def training_evaluations(trainer, evaluation: dict[str, Any]) -> dict[str, Any]:
     after_step = watch.get("weights_step", trainer.state.global_step)
     history = trainer.state.log_history
     before, after = evaluation.get("before"), evaluation.get("after")
-    out: dict[str, Any] = {"curve": build_curve(history, before, after, after_step)}
+    out: dict[str, Any] = {"curve_split": "test"}
+    if "validation_before" in evaluation:  # the curve is the validation split's, test aside
+        before, after, out["curve_split"] = evaluation["validation_before"], None, "validation"
+    out["curve"] = build_curve(history, before, after, after_step)
     if "best_step" in watch:
         out["best_step"] = watch["best_step"]
         out["best_metric"] = {"name": watch["metric"], "value": watch["best_metric"]}
@@ -178,8 +181,9 @@ def summary_lines(evaluation: dict[str, Any], out: Path) -> list[str]:
             lines.append(f"{key}: {_pct(before.get(key))} -> {_pct(after.get(key))}")
     best = evaluation.get("best_metric")
     if best and "best_step" in evaluation:
+        split = "validation " if evaluation.get("curve_split") == "validation" else ""
         lines.append(
-            f"Best {best['name']} during training: {best['value']:.4g} at step "
+            f"Best {split}{best['name']} during training: {best['value']:.4g} at step "
             f"{evaluation['best_step']}"
         )
     lines += [f"Warning: {alarm['message']}" for alarm in evaluation.get("alarms", [])[:1]]
@@ -209,15 +213,21 @@ def train_recipe(
 
 
 def _before(trainer, recipe: Recipe, data: RecipeData, eval_fn: Callable, out: Path):
-    """The held-out evaluation before training: read back when resuming, else run and saved."""
+    """The evaluations before training, `{"before": test, "validation_before": validation}` (the
+    second with a validation split): read back when resuming, else run and saved."""
     if data.checkpoint is not None:
-        previous = (rundir.read_json(out / rundir.EVAL_FILE) or {}).get("before")
-        if previous is not None:
-            return previous
-    before = _evaluate(trainer, data.held_out, eval_fn, recipe, "eval before training")
+        previous = rundir.read_json(out / rundir.EVAL_FILE) or {}
+        keys = ["before"] + (["validation_before"] if data.validation is not None else [])
+        if all(key in previous for key in keys):
+            return {key: previous[key] for key in keys}
+    before = {"before": _evaluate(trainer, data.held_out, eval_fn, recipe, "eval before training")}
+    if data.validation is not None:  # step 0 of the validation curve
+        label = "eval before training (validation)"
+        before["validation_before"] = _evaluate(trainer, data.validation, eval_fn, recipe, label)
     if trainer.is_world_process_zero():
-        logger.info("Before training: held-out greedy accuracy %s", _pct(before["accuracy"]))
-        rundir.write_json(out / rundir.EVAL_FILE, {"before": before})
+        accuracy = before["before"]["accuracy"]
+        logger.info("Before training: held-out greedy accuracy %s", _pct(accuracy))
+        rundir.write_json(out / rundir.EVAL_FILE, before)
     return before
 
 
@@ -227,15 +237,16 @@ def _run(recipe: Recipe, rewards: list[Callable], data: RecipeData, out: Path) -
 
     start = time.perf_counter()
     held_out = data.held_out
-    trainer = _build_trainer(recipe, rewards, data.train, held_out)
+    trainer = _build_trainer(recipe, rewards, data)
     out.mkdir(parents=True, exist_ok=True)
     eval_fn = _eval_reward(recipe, rewards)
     evaluation: dict[str, Any] = {
         "dataset": dataset_label(recipe.args.dataset),
         "reward": reward_fns.reward_name(eval_fn),
+        "splits": data.sizes(),
     }
     if held_out is not None and (recipe.args.eval or {}).get("before", True):
-        evaluation["before"] = _before(trainer, recipe, data, eval_fn, out)
+        evaluation.update(_before(trainer, recipe, data, eval_fn, out))
     t0 = time.perf_counter()
     try:
         trainer.train(resume_from_checkpoint=data.checkpoint)

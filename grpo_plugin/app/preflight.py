@@ -23,18 +23,33 @@ from typing import Any
 from ..training import inputs
 from ..training.run import checkpoints, resume
 from ..training.run import lock as run_lock
-from .data import load_prompt_datasets
 from .recipe import Recipe, RecipeError, one_line
 from .recipe_checks import check_reward_columns
+from .splits import load_splits
 
 
 @dataclass
 class RecipeData:
-    """A recipe's datasets, checked, and the checkpoint it resumes from (None: a fresh run)."""
+    """A recipe's datasets, checked, and the checkpoint it resumes from (None: a fresh run).
+
+    `held_out` is the test split (before/after numbers); `validation` (dataset
+    `validation_size`) is what the evaluations during training run on (`splits.py`)."""
 
     train: Any
     held_out: Any | None
     checkpoint: str | None = None
+    validation: Any | None = None
+
+    def named(self) -> list[tuple[str, Any]]:
+        """(how messages name it, dataset) for each split the recipe has."""
+        splits = [("the training data", self.train), ("the held-out data", self.held_out)]
+        splits.append(("the validation data", self.validation))
+        return [(name, data) for name, data in splits if data is not None]
+
+    def sizes(self) -> dict[str, int]:
+        """Rows per split, for eval.json and the card: train, validation, test."""
+        named = {"train": self.train, "validation": self.validation, "test": self.held_out}
+        return {name: len(data) for name, data in named.items() if data is not None}
 
 
 def check_run_dir(recipe: Recipe) -> str | None:
@@ -54,19 +69,19 @@ def check_run_dir(recipe: Recipe) -> str | None:
 
 def load_checked_data(recipe: Recipe, rewards: list[Callable]) -> RecipeData:
     try:
-        train, held_out = load_prompt_datasets(recipe.args.dataset)
+        splits = load_splits(recipe.args.dataset)
     except (ValueError, FileNotFoundError) as err:
         raise RecipeError(one_line(err)) from err
-    check_reward_columns(rewards, train.column_names, "the training data")
-    if held_out is not None:
-        check_reward_columns(rewards[:1], held_out.column_names, "the held-out data")
-    for name, data in (("the training data", train), ("the held-out data", held_out)):
-        if data is not None:
-            try:
-                inputs.check_prompts(data, name)
-            except ValueError as err:
-                raise RecipeError(one_line(err)) from err
-    return RecipeData(train, held_out)
+    data = RecipeData(splits.train, splits.test, validation=splits.validation)
+    for name, dataset in data.named():  # the first reward scores the evaluations
+        check_reward_columns(
+            rewards if dataset is data.train else rewards[:1], dataset.column_names, name
+        )
+        try:
+            inputs.check_prompts(dataset, name)
+        except ValueError as err:
+            raise RecipeError(one_line(err)) from err
+    return data
 
 
 def check_lengths(recipe: Recipe, data: RecipeData) -> None:
@@ -81,12 +96,11 @@ def check_lengths(recipe: Recipe, data: RecipeData) -> None:
     remote = bool(c.trust_remote_code)
     tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(source, trust_remote_code=remote))
     config = AutoConfig.from_pretrained(source, trust_remote_code=remote)
-    for name, dataset in (("the training data", data.train), ("the held-out data", data.held_out)):
-        if dataset is not None:
-            try:
-                inputs.check_prompt_lengths(dataset, tokenizer, config, c, name)
-            except ValueError as err:
-                raise RecipeError(one_line(err)) from err
+    for name, dataset in data.named():
+        try:
+            inputs.check_prompt_lengths(dataset, tokenizer, config, c, name)
+        except ValueError as err:
+            raise RecipeError(one_line(err)) from err
 
 
 def check_resume(recipe: Recipe, data: RecipeData, checkpoint: str) -> None:

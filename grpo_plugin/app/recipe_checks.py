@@ -147,9 +147,18 @@ def eval_metrics_fn(recipe: Recipe) -> Callable | None:
 
 
 def check_evaluation(recipe: Recipe, rewards: list[Callable]) -> None:
-    """A scheduled evaluation needs a held-out set; the best-model metric must be logged."""
+    """A scheduled evaluation needs a held-out or validation set; the best-model metric must be
+    logged; the best model is chosen on a validation split, never on the reported test set."""
     hook = eval_metrics_fn(recipe)
-    sets = [""] if has_held_out(recipe.args.dataset) else None
+    spec = recipe.args.dataset
+    validation = bool(spec.get("validation_size"))
+    if recipe.config.load_best_model_at_end and not validation:
+        raise RecipeError(
+            "load_best_model_at_end would choose the checkpoint on the held-out set that the "
+            "run reports; add `validation_size: N` to the recipe's dataset to choose it on a "
+            "validation split of its own"
+        )
+    sets = [""] if validation or has_held_out(spec) else None
     names = [reward_fns.reward_name(fn) for fn in rewards]
     try:
         check_eval_setup(recipe.config, sets, names, hook is not None)

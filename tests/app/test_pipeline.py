@@ -10,8 +10,10 @@ import pytest
 from huggingface_hub import ModelCard
 
 from grpo_plugin import cli, run_recipe
-from grpo_plugin.app import pipeline, preflight
+from grpo_plugin.app import pipeline, splits
 from grpo_plugin.app.data import arithmetic_dataset
+from grpo_plugin.app.recipe import RecipeError, load_recipe
+from grpo_plugin.app.recipe_checks import check_recipe
 from grpo_plugin.app.recipe_library import builtin_recipes, find_recipe, purpose
 from grpo_plugin.training.evaluation.curve import wilson_interval
 
@@ -42,7 +44,7 @@ def test_cli_names_hub_datasets_in_the_run_summary_and_the_card(
         loaded.append(spec)
         return arithmetic_dataset(8, 4)
 
-    monkeypatch.setattr(preflight, "load_prompt_datasets", local_stand_in)
+    monkeypatch.setattr(splits, "load_prompt_datasets", local_stand_in)
     path, out = write_recipe(tmp_path, tiny_model_dir, dataset="{name: gsm8k}")
     assert cli.main(["train", str(path)]) == 0
     assert loaded == [{"name": "gsm8k"}]
@@ -194,3 +196,55 @@ def test_a_hanging_reward_stops_before_step_1_with_one_line_naming_it(tiny_model
     assert "Traceback" not in done.stderr
     metrics = out / "metrics.jsonl"
     assert not metrics.exists() or '"loss"' not in metrics.read_text()  # no training step ran
+
+
+VALIDATION_RECIPE = """
+model: {model}
+dataset: {{name: arithmetic, train_size: 8, eval_size: 3, validation_size: 5}}
+reward_funcs: [last_integer]
+eval: {{k: 0, batch_size: 8}}
+output_dir: {out}
+max_steps: 2
+eval_strategy: steps
+eval_steps: 1
+num_generations: 4
+num_generations_eval: 1
+per_device_train_batch_size: 8
+max_completion_length: 4
+metric_for_best_model: accuracy
+save_strategy: "no"
+disable_tqdm: true
+"""
+
+
+def test_with_a_validation_split_training_evaluates_there_and_reports_on_test(
+    tiny_model_dir, tmp_path
+):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(VALIDATION_RECIPE.format(model=tiny_model_dir, out=tmp_path / "out"))
+    evaluation = run_recipe(str(recipe))
+    out = tmp_path / "out"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["eval_n"]) for r in rows if "eval_n" in r] == [(1, 5), (2, 5)]
+    saved = json.loads((out / "eval.json").read_text())
+    assert saved["splits"] == {"train": 8, "validation": 5, "test": 3}
+    assert saved["before"]["n"] == saved["after"]["n"] == 3  # the reported numbers: test
+    assert saved["validation_before"]["n"] == 5
+    assert saved["curve_split"] == "validation"
+    assert [(p["step"], p["n"]) for p in saved["curve"]] == [(0, 5), (1, 5), (2, 5)]
+    assert saved["curve"][0]["accuracy"] == saved["validation_before"]["accuracy"]
+    assert any("Best validation" in line for line in pipeline.summary_lines(evaluation, out))
+    card = (out / "README.md").read_text()
+    assert "validation split of 5 prompts" in card
+    assert "Greedy validation accuracy at every evaluation" in card
+
+
+def test_load_best_model_at_end_without_a_validation_split_is_refused(tiny_model_dir, tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(EVAL_RECIPE.format(model=tiny_model_dir, out=tmp_path / "out"))
+    (tmp_path / "my_metrics.py").write_text(HOOK)
+    flags = ["--load_best_model_at_end", "true", "--save_strategy", "steps", "--save_steps", "2"]
+    with pytest.raises(RecipeError, match="add `validation_size: N`"):
+        check_recipe(load_recipe(str(recipe), flags))
+    validated = ["--dataset.validation_size", "4", *flags]
+    check_recipe(load_recipe(str(recipe), validated))  # with one, the same recipe passes

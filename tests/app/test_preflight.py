@@ -170,7 +170,7 @@ def test_a_recipes_prompts_are_checked_and_tokenized_once(tiny_model_dir, tmp_pa
     rewards = check_recipe(recipe)
     data = prepare_run(recipe, rewards)
     assert (len(walked), len(encoded)) == (12 + 5, 12 + 5)  # train and held-out, once each
-    trainer = pipeline._build_trainer(recipe, rewards, data.train, data.held_out)
+    trainer = pipeline._build_trainer(recipe, rewards, data)
     assert trainer.train_dataset is data.train
     assert (len(walked), len(encoded)) == (17, 17)  # the trainer checked nothing twice
 

@@ -47,6 +47,7 @@ def _before_after(evaluation: dict[str, Any]) -> list[str]:
         f"Held-out prompts: {n if n is not None else '–'} from `{evaluation.get('dataset', '?')}`, "
         f"scored by `{evaluation.get('reward', '?')}` (greedy decoding for accuracy; in parentheses "
         "the 95% Wilson score interval).",
+        *_validation_note(evaluation),
         "",
         "| metric | before | after | change |",
         "|---|---|---|---|",
@@ -59,11 +60,21 @@ def _before_after(evaluation: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def _curve_table(curve: list[dict[str, Any]]) -> list[str]:
+def _validation_note(evaluation: dict[str, Any]) -> list[str]:
+    n = (evaluation.get("splits") or {}).get("validation")
+    if not n:
+        return []
+    return [
+        f"The evaluations during training (the curve and the best step) ran on a separate "
+        f"validation split of {n} prompts; these test prompts chose nothing."
+    ]
+
+
+def _curve_table(curve: list[dict[str, Any]], split: str) -> list[str]:
     if len(curve) < 2:
         return []
     lines = [
-        "Greedy held-out accuracy at every evaluation (step 0 is before training):",
+        f"Greedy {split} accuracy at every evaluation (step 0 is before training):",
         "",
         "| step | accuracy | 95% interval | n |",
         "|---|---|---|---|",
@@ -110,9 +121,10 @@ def eval_section(output_dir: Path, run: dict[str, Any]) -> str:
         evaluation.get("after"),
         watch.get("weights_step", run.get("global_step")),
     )
+    split = "validation" if evaluation.get("curve_split") == "validation" else "held-out"
     lines = (
         _before_after(evaluation)
-        + _curve_table(curve)
+        + _curve_table(curve, split)
         + _best_line(evaluation, watch, run)
         + _alarm_lines(evaluation.get("alarms") or watch.get("alarms") or [])
     )

@@ -30,6 +30,7 @@ class CurveData:
     smoothed: list[float] = field(default_factory=list)  # trailing mean over `window` steps
     window: int = 1
     eval_points: list[dict[str, Any]] = field(default_factory=list)  # eval_curve points
+    eval_split: str = "held-out"  # or "validation" (eval.json `curve_split`)
     length_steps: list[int] = field(default_factory=list)
     lengths: list[float] = field(default_factory=list)
     kl_steps: list[int] = field(default_factory=list)  # empty when beta == 0
@@ -69,6 +70,8 @@ def curve_data(output_dir: str | Path) -> CurveData:
     last_step = run.get("global_step") or max((r["step"] for r in rows), default=0)
     before, after = evaluation.get("before"), evaluation.get("after")
     data.eval_points = evaluation.get("curve") or build_curve(rows, before, after, last_step)
+    if evaluation.get("curve_split") == "validation":
+        data.eval_split = "validation"
     data.length_steps, data.lengths = _series(rows, "completions/mean_length")
     beta = (run.get("objective") or {}).get("beta")
     kl_steps, kls = _series(rows, "kl")
@@ -115,9 +118,9 @@ def _draw_reward(ax, data: CurveData) -> list:
             capsize=3,
             lw=1.2,
             ms=4,
-            label="held-out accuracy (95% CI)",
+            label=f"{data.eval_split} accuracy (95% CI)",
         )
-    acc_ax.set_ylabel("held-out accuracy", color="tab:orange")
+    acc_ax.set_ylabel(f"{data.eval_split} accuracy", color="tab:orange")
     acc_ax.set_ylim(-0.02, 1.02)
     return ax.get_legend_handles_labels()[0] + acc_ax.get_legend_handles_labels()[0]
 
