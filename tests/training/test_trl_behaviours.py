@@ -248,3 +248,41 @@ def test_beam_search_generation_kwargs_are_refused_in_one_line(tmp_path):
     # test_training_with_generation_kwargs passes num_beams=2: refused here (documented difference)
     with pytest.raises(ValueError, match=r"generation_kwargs\['num_beams'\]=2 is not supported"):
         tiny_config(tmp_path, generation_kwargs={"do_sample": True, "top_k": 50, "num_beams": 2})
+
+
+def test_mask_truncated_completions_masks_only_the_truncated(tiny_tokenizer, tmp_path):
+    # test_training_with_mask_truncated_completions: TRL mocks generate with 3 completions of 8
+    # tokens (one without EOS, one ending early, one with EOS as the 8th token); TRL's own
+    # `rollout_func` hands ours the same completions.
+    eos = tiny_tokenizer.eos_token_id
+    rows = [[10, 11, 12, 13, 14, 15, 16, 17], [18, 19, 20, eos], [21, 22, 23, 24, 25, 26, 27, eos]]
+
+    def rollout_func(prompts, trainer):
+        ids = [rows[i % 3] for i in range(len(prompts))]
+        return {"prompt_ids": [[5, 6, 7]] * len(prompts), "completion_ids": ids,
+                "logprobs": [[0.0] * len(c) for c in ids]}  # fmt: skip
+
+    args = tiny_config(tmp_path, mask_truncated_completions=True, per_device_train_batch_size=12,
+                       num_generations=3, learning_rate=0.1)  # fmt: skip
+    trainer = GRPOTrainer(make_tiny_model(tiny_tokenizer), char_codes, args=args,
+                          train_dataset=SEVEN_DATA, processing_class=tiny_tokenizer,
+                          rollout_func=rollout_func)  # fmt: skip
+    batches = []
+    original = trainer._training_batch
+    trainer._training_batch = lambda rollout: batches.append(original(rollout)) or batches[-1]
+    before = {n: p.clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert trainer.state.log_history[-1]["train_loss"] is not None
+    kept = batches[0].loss_mask.sum(dim=1).tolist()
+    assert kept[:3] == [0, 4, 8]  # the truncated row is masked, the two that ended are trained
+    assert any(not torch.equal(p, trainer.model.get_parameter(n)) for n, p in before.items())
+
+
+def test_one_reward_processing_class_for_one_reward_model(tiny_tokenizer, tmp_path):
+    # test_single_reward_model_with_single_processing_class
+    trainer = GRPOTrainer(make_tiny_model(tiny_tokenizer), make_tiny_reward_model(tiny_tokenizer),
+                          args=tiny_config(tmp_path), train_dataset=SEVEN_DATA,
+                          processing_class=tiny_tokenizer,
+                          reward_processing_classes=tiny_tokenizer)  # fmt: skip
+    assert len(trainer.reward_processing_classes) == 1
+    assert trainer.reward_processing_classes[0] == tiny_tokenizer
