@@ -112,8 +112,9 @@ def trainer_init_kwargs(model: Any, args: Any, quantization_config: Any = None) 
     `model_init_kwargs`, TRL's `quantization_config` argument and `trust_remote_code`."""
     if not isinstance(model, str) and (args.model_init_kwargs or quantization_config):
         raise ValueError(
-            "model_init_kwargs and quantization_config only apply when `model` is a string; drop "
-            "them (or load the model yourself with them)."
+            "model_init_kwargs and quantization_config only apply when `model` is a string, and "
+            "with a model already instantiated they would be ignored: drop them (or load the "
+            "model yourself with them)."
         )
     kwargs = dict(args.model_init_kwargs or {})
     if quantization_config is not None:
@@ -176,6 +177,11 @@ def wrap_policy(
     if peft_config is not None:
         from peft import get_peft_model, prepare_model_for_kbit_training
 
+        if is_peft_model(model):  # TRL's refusal: peft would stack a second adapter silently
+            raise ValueError(
+                "You passed a PeftModel together with a peft_config: pass the PeftModel alone, or "
+                "merge_and_unload() it and pass the base model with the new peft_config."
+            )
         if is_quantized(model):
             model = prepare_model_for_kbit_training(
                 model, use_gradient_checkpointing=gradient_checkpointing

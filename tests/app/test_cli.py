@@ -63,7 +63,7 @@ def test_good_recipe_dry_run(tmp_path, capsys, no_training):
         (
             GOOD.replace("num_generations: 4", "num_generations: 3"),
             [],
-            "not divisible by num_generations=3",
+            "must be divisible by num_generations=3",
         ),
         # a reward reads a column the dataset does not have
         (

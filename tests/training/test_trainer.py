@@ -139,7 +139,9 @@ def test_missing_prompt_column_fails_before_loading(tmp_path):
 
 
 def test_reward_weight_count_is_checked(tmp_path, tiny_model_dir):
-    with pytest.raises(ValueError, match="reward_weights has 2 entries for 1"):
+    with pytest.raises(
+        ValueError, match=r"reward weights \(2\) must match number of reward functions"
+    ):
         GRPOTrainer(
             str(tiny_model_dir),
             frac_sevens,

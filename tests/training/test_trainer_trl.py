@@ -202,7 +202,7 @@ def test_sampling_options_reach_the_sampler(tiny_tokenizer, tmp_path, caplog):
 
 
 def test_trl_constructor_arguments(tiny_tokenizer, tmp_path, tiny_model_dir):
-    with pytest.raises(ValueError, match="reward_funcs is missing"):
+    with pytest.raises(ValueError, match="No reward source provided"):
         GRPOTrainer(str(tiny_model_dir), args=tiny_config(tmp_path), train_dataset=SEVEN_DATA)
     args = tiny_config(tmp_path, trust_remote_code=True)
     kwargs = trainer_init_kwargs("org/model", args, quantization_config={"load_in_4bit": True})

@@ -177,7 +177,8 @@ def warn_on_loss_combinations(config: Any) -> None:
     if config.importance_sampling_level == "sequence" and config.loss_type in token_summed:
         logger.warning(
             "importance_sampling_level='sequence' with loss_type=%r sums a sequence-level ratio "
-            "over tokens, which weights each sequence by its length instead of optimizing GSPO's "
+            "over tokens, which weights each sequence by its completion length instead of optimizing "
+            "GSPO's "
             "per-sequence objective; use loss_type='grpo' to match the GSPO paper.",
             config.loss_type,
         )
@@ -228,8 +229,9 @@ def check_rollout(config: Any) -> None:
     """Group size, sampling settings and the rollout's own knobs."""
     if config.num_generations < 2:
         raise ValueError(
-            f"num_generations={config.num_generations}: GRPO compares completions within a "
-            "group, so it needs at least 2 (RLOO too). Use num_generations=8 as a start."
+            f"num_generations={config.num_generations}: GRPO requires at least 2 generations per "
+            "prompt to compare completions within a group (RLOO too). Use num_generations=8 as a "
+            "start."
         )
     if config.temperature <= 0:
         raise ValueError(

@@ -422,11 +422,14 @@ class GRPOConfig(TrainingArguments):
         each process's share holds whole groups. Raises one line naming the field and the fix."""
         per_step, world = self.per_device_train_batch_size, self.world_size
         if self.generation_batch_size is not None and self.steps_per_generation is not None:
-            raise ValueError("Set generation_batch_size or steps_per_generation, not both.")
+            raise ValueError(
+                "generation_batch_size and steps_per_generation can not be both configured: set "
+                "one of them."
+            )
         if self.generation_batch_size is not None:
             if self.generation_batch_size % (per_step * world):
                 raise ValueError(
-                    f"generation_batch_size={self.generation_batch_size} must be a multiple of the "
+                    f"generation_batch_size={self.generation_batch_size} must be divisible by the "
                     f"global batch size {per_step * world} (per_device_train_batch_size {per_step} "
                     f"x {world} processes)."
                 )
@@ -438,7 +441,7 @@ class GRPOConfig(TrainingArguments):
             raise ValueError(
                 f"The generation batch ({self.generation_batch_per_device} completions per process = "
                 f"per_device_train_batch_size {per_step} x steps_per_generation "
-                f"{self.steps_per_generation}) is not divisible by num_generations="
+                f"{self.steps_per_generation}) must be divisible by num_generations="
                 f"{self.num_generations}: each prompt needs all its G completions in one rollout. "
                 f"Make per_device_train_batch_size a multiple of {self.num_generations}."
             )

@@ -157,9 +157,9 @@ def warn_if_unscored(rollout: Rollout) -> int:
         row = {k: v[i] for k, v in rollout.columns.items()}
         prompt, completion = rollout.prompts[i], rollout.completions[i]
         logger.warning(
-            "All reward functions returned None for %d of %d completions, e.g. sample %d "
-            "(prompt=%r, completion=%r, columns=%r); they get advantage 0. Make sure at least one "
-            "reward function scores every sample.",
-            *(count, len(unscored), i, prompt, completion, row),
+            "All reward functions returned None for the following kwargs: %r (sample %d; %d of %d "
+            "completions unscored); they get advantage 0. Make sure at least one reward function "
+            "scores every sample.",
+            *({"prompt": prompt, "completion": completion, **row}, i, count, len(unscored)),
         )
     return count

@@ -172,12 +172,16 @@ def resolve_reward_funcs(
     trust_remote_code = bool((init_kwargs or {}).get("trust_remote_code", False))
     if reward_funcs is None:
         raise ValueError(
-            "reward_funcs is missing: pass a reward function, a registered reward name, a reward "
-            "model (Hub id, local directory or loaded model), or a list of these."
+            "No reward source provided: pass reward_funcs (a reward function, a registered reward "
+            "name, a reward model by Hub id, local directory or loaded, or a list of these), or an "
+            "environment_factory whose environment defines get_reward."
         )
     funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     if not funcs:
-        raise ValueError("reward_funcs is empty: pass at least one reward function or name.")
+        raise ValueError(
+            "No reward source provided: reward_funcs is empty; pass at least one reward "
+            "function or name."
+        )
     classes = _processing_class_list(reward_processing_classes, len(funcs))
     return [_resolve_one(f, c, init_kwargs, trust_remote_code) for f, c in zip(funcs, classes)]
 

@@ -85,7 +85,7 @@ def reward_weight_tensor(weights: list[float] | None, num_funcs: int) -> torch.T
     weights = weights or [1.0] * num_funcs
     if len(weights) != num_funcs:
         raise ValueError(
-            f"reward_weights has {len(weights)} entries for {num_funcs} reward functions; "
-            "give one weight per function."
+            f"Number of reward weights ({len(weights)}) must match number of reward functions "
+            f"({num_funcs}): give reward_weights one weight per function."
         )
     return torch.tensor(weights, dtype=torch.float32)

@@ -41,7 +41,7 @@ def test_generation_batch_is_derived_like_trl(tmp_path):
     "kw, message",
     [
         ({"num_generations": 1}, "at least 2"),
-        ({"per_device_train_batch_size": 12}, "not divisible by num_generations=8"),
+        ({"per_device_train_batch_size": 12}, "must be divisible by num_generations=8"),
         ({"loss_type": "ppo"}, "loss_type must be one of 'grpo', 'dapo'"),
         ({"importance_sampling_level": "seq"}, "importance_sampling_level"),
         ({"advantage_estimator": "ppo"}, "advantage_estimator='ppo'"),
@@ -52,7 +52,7 @@ def test_generation_batch_is_derived_like_trl(tmp_path):
         ({"temperature": 0.0}, "temperature"),
         ({"max_completion_length": 0}, r"max_completion_length=0 must be >= 1"),
         ({"num_iterations": 0}, "num_iterations"),
-        ({"generation_batch_size": 16, "steps_per_generation": 2}, "not both"),
+        ({"generation_batch_size": 16, "steps_per_generation": 2}, "can not be both configured"),
         ({"auto_batch_memory_gb": 0.0}, "auto_batch_memory_gb=0.0 must be > 0"),
     ],
 )
@@ -126,7 +126,7 @@ def test_a_batch_plan_keeps_the_rows_and_matches_the_same_sizes_given_by_hand(
          "per_device_train_batch_size=3 must divide the 16 rows of an optimizer step"),
         ({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "num_generations": 4,
           "generation_batch_size": 12}, (8, None),
-         r"generation_batch_size=12 must be a multiple of the global batch size 8"),
+         r"generation_batch_size=12 must be divisible by the global batch size 8"),
         ({"per_device_train_batch_size": 8}, (8, 0), "logprob_chunk_size=0 must be >= 1"),
     ],
 )  # fmt: skip
@@ -139,5 +139,5 @@ def test_an_invalid_batch_plan_raises_the_users_error(tmp_path, kw, plan, messag
 
 
 def test_the_users_sizes_raise_the_same_error_as_a_plan(tmp_path):
-    with pytest.raises(ValueError, match="generation_batch_size=12 must be a multiple of the glob"):
+    with pytest.raises(ValueError, match="generation_batch_size=12 must be divisible by the glob"):
         make(tmp_path, per_device_train_batch_size=8, num_generations=4, generation_batch_size=12)

@@ -73,7 +73,8 @@ def test_all_none_rewards_are_warned_about(tiny_tokenizer, tmp_path, caplog):
     trainer = make_trainer(tiny_tokenizer, tmp_path, reward=never, max_steps=1)
     with caplog.at_level(logging.WARNING):
         trainer.train()
-    assert "All reward functions returned None for 16 of 16 completions" in caplog.text
+    assert "All reward functions returned None for the following kwargs:" in caplog.text
+    assert "16 of 16 completions unscored" in caplog.text
 
 
 def test_misaligned_extra_columns_are_left_out_with_a_warning(caplog):

@@ -92,7 +92,7 @@ def test_unknown_names_still_get_the_registry_error():
         resolve_reward_funcs("last_integr")
     with pytest.raises(RewardModelError, match="neither a registered reward nor a loadable"):
         resolve_reward_funcs("org/not-downloadable-offline")
-    with pytest.raises(ValueError, match="reward_funcs is missing"):
+    with pytest.raises(ValueError, match="No reward source provided"):
         resolve_reward_funcs(None)
 
 
