@@ -199,6 +199,11 @@ def test_an_environment_column_alone_lets_reset_supply_the_prompt(tiny_tokenizer
     assert log["rewards/OwnsTheData/mean"] == 1.0  # the model reached the target reset() set
     with pytest.raises(ValueError, match=r"train_dataset has no 'prompt' column.*only an"):
         tool_trainer(tiny_tokenizer, tmp_path, counter_script, record, data=data)
+    OwnsTheData.resets = []  # one factory, any columns: each reset() gets the row's columns
+    single = tool_trainer(tiny_tokenizer, tmp_path / "2", counter_script, None, tools=[],
+                          data=[{"level": 1}, {"level": 2}], environment_factory=OwnsTheData)  # fmt: skip
+    single.train()
+    assert sorted(r["level"] for r in OwnsTheData.resets) == [1] * 4 + [2] * 4
 
 
 def test_without_a_dataset_the_environment_owns_the_data(tiny_tokenizer, tmp_path):
