@@ -19,6 +19,8 @@ from typing import Any
 from .tools import Tool
 
 SPECIAL_METHODS = ("reset", "get_reward")
+# The prompt of a row that has none (the environment owns the data): reset() supplies the text.
+EMPTY_PROMPT = ({"role": "user", "content": ""},)
 
 
 def _methods(environment: Any) -> dict[str, Any]:

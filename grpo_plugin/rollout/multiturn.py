@@ -33,7 +33,7 @@ import torch
 from .._compat import unwrap_peft
 from ..core.tensors import left_pad
 from .chat_tools import ToolFormat, assistant_message
-from .environments import Environments, with_observation
+from .environments import EMPTY_PROMPT, Environments, with_observation
 from .generation import continue_decoding, decode_spec, prefill_and_decode
 from .noise import ShiftedNoise
 from .tools import Tool, run_calls, toolbox
@@ -63,7 +63,7 @@ class ToolSetup:
         shared = toolbox(self.tools)
         prompts, boxes = [], []
         for r, row in enumerate(rows):
-            prompt = row["prompt"]
+            prompt = row["prompt"] if envs is None else row.get("prompt", list(EMPTY_PROMPT))
             if not isinstance(prompt, list):
                 raise ValueError(
                     "tool calling needs chat prompts (a list of {'role', 'content'} messages), "

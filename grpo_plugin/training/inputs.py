@@ -40,7 +40,12 @@ from ..rollout.prompts import encode_prompts, prompt_problem
 from .distributed import check_launch
 from .evaluation.setup import check_eval_datasets
 from .run import checkpoints
-from .sampling.streaming import check_streamed_training, is_streamed, stream_columns
+from .sampling.streaming import (
+    apply_stream_settings,
+    check_streamed_training,
+    is_streamed,
+    stream_columns,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -275,9 +280,11 @@ def check_prompt_lengths(data: Any, tokenizer: Any, config: Any, args: Any, name
 
 
 # --- the trainer's inputs ------------------------------------------------------------------------
-def check_prompt_dataset(dataset: Any, name: str) -> Any:
+def check_prompt_dataset(dataset: Any, name: str, prompt_required: bool = True) -> Any:
     """Accept a datasets.Dataset, an IterableDataset or a list of dicts; require a `prompt`
-    column."""
+    column unless not `prompt_required` (the train set: with an environment_factory each
+    `reset()` may supply the prompt, as in TRL; `ToolInputs.check_dataset` refuses a set
+    without one when there is no environment_factory)."""
     if dataset is None:
         return None
     if isinstance(dataset, list):
@@ -287,6 +294,8 @@ def check_prompt_dataset(dataset: Any, name: str) -> Any:
     columns = getattr(dataset, "column_names", None) or []
     if not columns and is_streamed(dataset):
         columns = stream_columns(dataset)
+    if "prompt" not in columns and not prompt_required:
+        return dataset  # the environments own the prompts (checked by ToolInputs.check_dataset)
     if "prompt" not in columns:
         raise ValueError(
             f"{name} has no 'prompt' column (columns: {columns}). Rename the column holding the "
@@ -298,12 +307,14 @@ def check_prompt_dataset(dataset: Any, name: str) -> Any:
 
 
 def check_inputs(model: Any, args: Any, train_dataset: Any, eval_dataset: Any) -> tuple[Any, Any]:
-    """`GRPOTrainer`'s cheap checks, before anything loads: the datasets (a `prompt` column,
-    every prompt usable; a stream needs `max_steps`), the model source, output_dir. Returns the
+    """`GRPOTrainer`'s cheap checks, before anything loads: the datasets (every prompt usable;
+    a train set without a `prompt` column is left to `ToolInputs.check_dataset`, which knows
+    whether environments supply the prompts; a stream needs `max_steps`), the model source, output_dir. Returns the
     datasets as the trainer keeps them (lists become `Dataset`s)."""
-    train_dataset = check_prompt_dataset(train_dataset, "train_dataset")
+    train_dataset = check_prompt_dataset(train_dataset, "train_dataset", prompt_required=False)
     check_streamed_training(train_dataset, args)
     eval_dataset = check_eval_datasets(eval_dataset)
+    apply_stream_settings(args, train_dataset, eval_dataset)  # dispatch_batches, workers (TRL)
     check_model_source(model)
     check_output_dir(args.output_dir)
     check_launch(args)  # ZeRO-3 is refused before the model loads
@@ -312,5 +323,5 @@ def check_inputs(model: Any, args: Any, train_dataset: Any, eval_dataset: Any) -
 
 def check_prompt_lengths_of(dataset: Any, tokenizer: Any, config: Any, args: Any) -> None:
     """The training prompts fit the context (`check_prompt_lengths`); not for streams."""
-    if dataset is not None and not is_streamed(dataset):
+    if dataset is not None and not is_streamed(dataset) and "prompt" in dataset.column_names:
         check_prompt_lengths(dataset, tokenizer, config, args, "train_dataset")

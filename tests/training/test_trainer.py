@@ -131,10 +131,16 @@ def test_metrics_have_trl_and_own_names(tiny_tokenizer, tmp_path):
     )
 
 
-def test_missing_prompt_column_fails_before_loading(tmp_path):
+def test_missing_prompt_column_fails_before_loading(tiny_model_dir, tmp_path, monkeypatch):
+    from grpo_plugin.training import trainer as trainer_module
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded before the dataset was checked")
+
+    monkeypatch.setattr(trainer_module, "load_trainer_policy", never)
     with pytest.raises(ValueError, match="no 'prompt' column.*rename_column"):
         GRPOTrainer(
-            "no/such-model", frac_sevens, args=tiny_config(tmp_path), train_dataset=[{"q": "1+1"}]
+            str(tiny_model_dir), frac_sevens, args=tiny_config(tmp_path), train_dataset=[{"q": "1"}]
         )
 
 

@@ -172,6 +172,57 @@ def test_a_dict_of_environments_is_selected_by_the_environment_column(tiny_token
                      environment_factory={"counter": Counter})  # fmt: skip
 
 
+class OwnsTheData(Counter):
+    """An environment that owns its data: reset() writes the whole prompt."""
+
+    def reset(self, **row):
+        OwnsTheData.resets.append(row)
+        self.count, self.target = 0, 6
+        return "Reach target 6"
+
+
+def test_an_environment_column_alone_lets_reset_supply_the_prompt(tiny_tokenizer, tmp_path):
+    OwnsTheData.resets = []
+    seen = {}
+
+    def record(prompts, completions, **kwargs):
+        seen["prompts"] = prompts
+        return [0.0] * len(completions)
+
+    data = [{"environment": "own"}] * 2
+    trainer = tool_trainer(tiny_tokenizer, tmp_path, counter_script, record, tools=[], data=data,
+                           environment_factory={"own": OwnsTheData})  # fmt: skip
+    trainer.train()
+    assert OwnsTheData.resets == [{}] * 8  # `environment` routes; it is not a reset() argument
+    assert all(p == [{"role": "user", "content": "Reach target 6"}] for p in seen["prompts"])
+    log = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
+    assert log["rewards/OwnsTheData/mean"] == 1.0  # the model reached the target reset() set
+    with pytest.raises(ValueError, match=r"train_dataset has no 'prompt' column.*only an"):
+        tool_trainer(tiny_tokenizer, tmp_path, counter_script, record, data=data)
+    OwnsTheData.resets = []  # one factory, any columns: each reset() gets the row's columns
+    single = tool_trainer(tiny_tokenizer, tmp_path / "2", counter_script, None, tools=[],
+                          data=[{"level": 1}, {"level": 2}], environment_factory=OwnsTheData)  # fmt: skip
+    single.train()
+    assert sorted(r["level"] for r in OwnsTheData.resets) == [1] * 4 + [2] * 4
+
+
+def test_without_a_dataset_the_environment_owns_the_data(tiny_tokenizer, tmp_path):
+    from grpo_plugin.training.sampling.tools import ToolInputs
+
+    def check(factory, **kw):
+        args = tiny_config(tmp_path, num_generations=4, per_device_train_batch_size=8, **kw)
+        return ToolInputs.check([], None, factory, args).owned_data(None, args)
+
+    placeholder = check(OwnsTheData, max_steps=3)
+    assert placeholder["prompt"] == [[{"role": "user", "content": ""}]] * 2  # one rollout's rows
+    with pytest.raises(ValueError, match="environment owns the data.*set max_steps"):
+        check(OwnsTheData, max_steps=-1, num_train_epochs=1)
+    with pytest.raises(ValueError, match="dict environment_factory .* needs a train_dataset"):
+        check({"own": OwnsTheData}, max_steps=3)
+    with pytest.raises(ValueError, match="train_dataset is required unless an environment_factory"):
+        check(None, max_steps=3)
+
+
 def test_rollout_func_with_an_env_mask(tiny_tokenizer, tmp_path):
     calls = []
 

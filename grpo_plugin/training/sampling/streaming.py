@@ -8,6 +8,7 @@ must come from `max_steps`; with several processes each reads its own shard of t
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +16,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from ...core.batching import identity_collate
+
+logger = logging.getLogger(__name__)
 
 SHUFFLE_BUFFER = 1000
 
@@ -50,6 +53,37 @@ def check_streamed_training(dataset: Any, args: Any) -> None:
             "dynamic_sampling draws replacement prompts at random, which a streamed "
             "(IterableDataset) train_dataset cannot do; use a map-style Dataset or turn it off."
         )
+
+
+def _has_stream(eval_dataset: Any) -> bool:
+    if isinstance(eval_dataset, dict):
+        return any(is_streamed(d) for d in eval_dataset.values())
+    return is_streamed(eval_dataset)
+
+
+def apply_stream_settings(args: Any, train_dataset: Any, eval_dataset: Any) -> None:
+    """TRL's settings for iterable datasets, written onto `args` as TRL does: batches are not
+    dispatched from the main process (`accelerator_config.dispatch_batches=False`, refused when
+    forced to True), and a streamed train set is read by one worker (`dataloader_num_workers`
+    set to 0 with a warning), which keeps each prompt's group together. A streamed eval set
+    alone leaves the train set's workers as they are (evaluation here uses no DataLoader)."""
+    if not (is_streamed(train_dataset) or _has_stream(eval_dataset)):
+        return
+    accelerator_config = getattr(args, "accelerator_config", None)
+    if accelerator_config is not None:
+        if getattr(accelerator_config, "dispatch_batches", None):
+            raise ValueError(
+                "Iterable datasets require `dispatch_batches=False`, but it is set to `True` in "
+                "`accelerator_config`; set accelerator_config={'dispatch_batches': False}."
+            )
+        accelerator_config.dispatch_batches = False
+    if is_streamed(train_dataset) and args.dataloader_num_workers != 0:
+        logger.warning(
+            "Iterable datasets require `dataloader_num_workers=0` to preserve prompt grouping; "
+            "overriding the provided value (%s).",
+            args.dataloader_num_workers,
+        )
+        args.dataloader_num_workers = 0
 
 
 class PromptBlockStream(torch.utils.data.IterableDataset):

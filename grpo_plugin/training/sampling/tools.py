@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from ...rollout.chat_tools import resolve_tool_format
-from ...rollout.environments import Environments
+from ...rollout.environments import EMPTY_PROMPT, Environments
 from ...rollout.multiturn import ToolSetup
 from ...rollout.tools import Tool, toolbox
 from ..user_code import load_callable
 from . import overlap
+from .streaming import stream_columns
 
 
 def builtin_tools() -> dict[str, Callable[..., Any]]:
@@ -90,9 +91,18 @@ class ToolInputs:
     def check_dataset(self, dataset: Any) -> None:
         """Tools need chat prompts; with a dict of environments every row must name one
         (map-style datasets: checked now, streamed ones at their first rollout)."""
-        if not self.uses_tools or dataset is None or not hasattr(dataset, "unique"):
+        if dataset is None:
             return
-        if len(dataset) and not isinstance(dataset[0]["prompt"], list):
+        columns = getattr(dataset, "column_names", None) or stream_columns(dataset)
+        if "prompt" not in columns and self.environments is None:
+            raise ValueError(
+                f"train_dataset has no 'prompt' column (columns: {columns}); only an "
+                "environment_factory's reset() can supply the prompts. Rename the column holding "
+                "the prompts, e.g. dataset.rename_column('question', 'prompt')."
+            )
+        if not self.uses_tools or not hasattr(dataset, "unique"):
+            return
+        if len(dataset) and "prompt" in columns and not isinstance(dataset[0]["prompt"], list):
             raise ValueError(
                 "tools need chat prompts (lists of {'role', 'content'} messages); the dataset's "
                 "prompts are plain text: wrap each as [{'role': 'user', 'content': prompt}]"
@@ -106,6 +116,31 @@ class ToolInputs:
                 f"an `environment` column with one of {sorted(map(str, env.factories))}"
             )
         env.names([{"environment": name} for name in dataset.unique("environment")])
+
+    def owned_data(self, dataset: Any, args: Any) -> Any:
+        """`dataset`, or (None, with one environment_factory) TRL's placeholder: rows of one
+        empty user message, one rollout's worth, cycled for `max_steps`; each `reset()` then
+        supplies the prompt. Without a dataset, a dict of factories or no `max_steps` is refused."""
+        if dataset is not None:
+            return dataset
+        if self.environments is None:
+            raise ValueError(
+                "train_dataset is required unless an environment_factory is given (its reset() "
+                "then supplies the prompts)."
+            )
+        if self.environments.by_column:
+            raise ValueError(
+                "a dict environment_factory routes each row by its `environment` column, so it "
+                "needs a train_dataset with that column; give one, or a single factory."
+            )
+        if args.max_steps is None or args.max_steps <= 0:
+            raise ValueError(
+                "without a train_dataset the environment owns the data (reset() returns the "
+                "prompt), so the run has no length: set max_steps, e.g. GRPOConfig(max_steps=100)."
+            )
+        from datasets import Dataset
+
+        return Dataset.from_dict({"prompt": [list(EMPTY_PROMPT)] * args.prompts_per_generation})
 
     @property
     def uses_tools(self) -> bool:

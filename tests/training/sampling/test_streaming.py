@@ -46,3 +46,36 @@ def test_an_iterable_dataset_needs_max_steps(tiny_tokenizer, tmp_path):
         make_trainer(tiny_tokenizer, tmp_path, data=stream(), max_steps=-1)
     with pytest.raises(ValueError, match="no 'prompt' column"):
         make_trainer(tiny_tokenizer, tmp_path, data=stream([{"q": "1"}]), max_steps=1)
+
+
+def test_an_iterable_train_set_reads_with_one_worker_and_no_dispatch(
+    tiny_tokenizer, tmp_path, caplog
+):
+    with caplog.at_level("WARNING", logger="grpo_plugin.training.sampling.streaming"):
+        trainer = make_trainer(tiny_tokenizer, tmp_path, data=stream(), max_steps=1,
+                               dataloader_num_workers=2)  # fmt: skip
+    assert trainer.args.dataloader_num_workers == 0  # as TRL: the prompt groups stay together
+    assert "require `dataloader_num_workers=0`" in caplog.text and "value (2)" in caplog.text
+    assert trainer.args.accelerator_config.dispatch_batches is False
+    assert trainer.accelerator.dataloader_config.dispatch_batches is False
+
+
+def test_dispatch_batches_forced_on_is_refused_for_iterable_sets(tiny_tokenizer, tmp_path):
+    forced = {"dispatch_batches": True}
+    with pytest.raises(ValueError, match="Iterable datasets require `dispatch_batches=False`"):
+        make_trainer(tiny_tokenizer, tmp_path, data=stream(), max_steps=1,
+                     accelerator_config=forced)  # fmt: skip
+    with pytest.raises(ValueError, match="Iterable datasets require `dispatch_batches=False`"):
+        make_trainer(tiny_tokenizer, tmp_path, eval_data={"held": stream()},
+                     accelerator_config=forced, eval_strategy="steps", eval_steps=1)  # fmt: skip
+
+
+def test_an_iterable_eval_set_keeps_the_train_sets_workers(tiny_tokenizer, tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="grpo_plugin.training.sampling.streaming"):
+        trainer = make_trainer(tiny_tokenizer, tmp_path, eval_data=stream(), max_steps=1,
+                               dataloader_num_workers=2, eval_strategy="steps",
+                               eval_steps=1)  # fmt: skip
+    assert trainer.args.dataloader_num_workers == 2 and "num_workers" not in caplog.text
+    assert trainer.args.accelerator_config.dispatch_batches is False
+    mapped = make_trainer(tiny_tokenizer, tmp_path / "2", max_steps=1, dataloader_num_workers=2)
+    assert mapped.args.accelerator_config.dispatch_batches is None  # map-style: untouched
