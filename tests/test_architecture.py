@@ -106,6 +106,7 @@ TRAINING_ROOMS: list[tuple[str, set[str], str]] = [
     ("distributed", set(), "processes: shards, gathers, launch checks"),
     ("metrics", set(), "the metrics window, zero-std watch, TRL-named reward metrics"),
     ("policy", set(), "loading the policy, reference, LoRA / QLoRA"),
+    ("trl_attributes", set(), "TRL's public trainer attributes, read-only views"),
     (
         "rewards",
         {"distributed", "user_code"},
