@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from .rewards.reward_models import is_reward_model
+
 # TRL attribute -> the config field it copies, unchanged.
 CONFIG_COPIES = (
     "max_completion_length",
@@ -67,7 +69,8 @@ class TRLAttributes:
     # --- rewards: TRL's lists and its float32 weight tensor, environments' rewards last -------
     @property
     def reward_funcs(self) -> list:
-        return self.rewards.funcs
+        """As given: the user's callables and reward models (`nn.Module`), as TRL holds them."""
+        return [_as_given(f) for f in self.rewards.funcs]
 
     @property
     def reward_func_names(self) -> list[str]:
@@ -132,3 +135,11 @@ class TRLAttributes:
 
 for _name in CONFIG_COPIES:
     setattr(TRLAttributes, _name, _config_copy(_name))
+
+
+def _as_given(func: Any) -> Any:
+    """A reward as the user gave it: the model inside our reward-model wrapper, the function
+    inside the one that passes it the trainer kwargs."""
+    if is_reward_model(func):
+        return func.model
+    return getattr(func, "__wrapped__", func)
