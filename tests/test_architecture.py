@@ -111,6 +111,7 @@ TRAINING_ROOMS: list[tuple[str, set[str], str]] = [
         {"distributed", "user_code"},
         "reward functions and models, the scorer and its watchdog",
     ),
+    ("trl_attributes", {"rewards"}, "TRL's public trainer attributes, read-only views"),
     ("run", {"distributed", "metrics", "rewards"}, "the run dir, checkpoints, resume, RunState"),
     ("callbacks", {"policy", "run"}, "progress, metrics.jsonl, reference syncing"),
     ("objective", {"distributed", "policy", "run"}, "advantages, the loss and its extras"),

@@ -238,6 +238,14 @@ def _masked_mean(x: torch.Tensor, weight: torch.Tensor) -> float:
     return ((x.to(weight.dtype) * weight).sum() / weight.sum().clamp(min=1)).item()
 
 
+def _seq_extreme(x: torch.Tensor, weight: torch.Tensor, pick) -> float:
+    """`pick` (min or max) over the sequences with a valid token of each one's masked mean of x."""
+    x = x.to(weight.dtype).expand_as(weight)  # (N, 1) at sequence level
+    counts = weight.sum(dim=-1)
+    per_seq = (x * weight).sum(dim=-1)[counts > 0] / counts[counts > 0]
+    return pick(per_seq.tolist()) if per_seq.numel() else 0.0
+
+
 @torch.no_grad()
 def _loss_stats(p: LossParams, ratio, adv, weight, kl) -> dict[str, float]:
     """Token-level clip fractions (clipped types), mean ratio and mean KL term over valid tokens."""
@@ -247,6 +255,13 @@ def _loss_stats(p: LossParams, ratio, adv, weight, kl) -> dict[str, float]:
         high = _masked_mean((ratio > 1.0 + p.eps_high) & (adv > 0), weight)
         stats.update({"clip_ratio/low": low, "clip_ratio/high": high})
         stats["clip_ratio/region"] = low + high
+        # TRL's extremes over the sequences: the least low-clipped and the most high-clipped one
+        stats["clip_ratio/low_min"] = _seq_extreme(
+            (ratio < 1.0 - p.epsilon_low) & (adv < 0), weight, min
+        )
+        stats["clip_ratio/high_max"] = _seq_extreme(
+            (ratio > 1.0 + p.eps_high) & (adv > 0), weight, max
+        )
     if kl is not None:
         stats["kl"] = _masked_mean(kl, weight)
     return stats

@@ -29,13 +29,32 @@ def reward_metrics(r: Rollout, names: Sequence[str]) -> dict[str, float]:
         "reward_std": torch.nanmean(nanstd(r.rewards.view(-1, group_size), dim=1)).item(),
         "frac_reward_zero_std": 1.0
         - informative_groups(r.rewards, group_size).float().mean().item(),
-        "completions/mean_length": r.batch.model_mask.sum(dim=1).float().mean().item(),
-        "completions/clipped_ratio": r.batch.is_truncated.float().mean().item(),
+        **length_metrics(r.batch.model_mask.sum(dim=1).float(), r.batch.is_truncated),
     }
     for j, name in enumerate(names):
         out[f"rewards/{name}/mean"] = torch.nanmean(r.per_func[:, j]).item()
         out[f"rewards/{name}/std"] = nanstd(r.per_func[:, j], dim=0).item()
     return out | tool_metrics(r.batch)
+
+
+def length_metrics(lengths: torch.Tensor, truncated: torch.Tensor) -> dict[str, float]:
+    """TRL's `completions/*`: lengths `(N,)` of all completions and of those that ended (EOS)
+    before `max_completion_length` (0 when none did), and the share truncated."""
+    ended = lengths[~truncated] if (~truncated).any() else torch.zeros(1)
+    return {
+        "completions/mean_length": lengths.mean().item(),
+        "completions/min_length": lengths.min().item(),
+        "completions/max_length": lengths.max().item(),
+        "completions/clipped_ratio": truncated.float().mean().item(),
+        "completions/mean_terminated_length": ended.mean().item(),
+        "completions/min_terminated_length": ended.min().item(),
+        "completions/max_terminated_length": ended.max().item(),
+    }
+
+
+def rollout_tokens(r: Rollout) -> int:
+    """Prompt and completion tokens of a rollout, as TRL counts them into `num_tokens`."""
+    return int(r.batch.prompt_mask.sum()) + int(r.batch.completion_mask.sum())
 
 
 def tool_metrics(b) -> dict[str, float]:
@@ -76,10 +95,14 @@ class MetricsWindow:
     """Metrics collected between two logs; `flush` averages them into one log line.
 
     Most keys are averaged over the values recorded; the timing keys in `PER_STEP_SUMS` are
-    summed per optimizer step and then averaged over the steps of the window.
+    summed per optimizer step and then averaged over the steps of the window; the counters in
+    `LATEST` (TRL's cumulative `num_tokens`) keep their last value.
     """
 
+    LATEST = ("num_tokens",)
+
     PER_STEP_SUMS = (
+        "step_time",
         "timing/generate_s",
         "timing/reward_s",
         "timing/reward_hidden_s",
@@ -116,6 +139,7 @@ class MetricsWindow:
             for key, values in self.values.items()
             if values
         }
+        out.update({key: self.values[key][-1] for key in self.LATEST if self.values.get(key)})
         self.values.clear()
         self.last_logged_step = global_step
         return out

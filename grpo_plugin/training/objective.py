@@ -200,7 +200,7 @@ def _loss_metrics(stats: dict[str, float]) -> dict[str, float]:
     """TRL's metric names for the loss statistics (`clip_ratio/low` -> `clip_ratio/low_mean`)."""
     out = {}
     for key, value in stats.items():
-        if key.startswith("clip_ratio/"):
+        if key.startswith("clip_ratio/") and not key.endswith(("_min", "_max")):
             out[f"{key}_mean"] = value
         elif key != "ratio/mean":
             out[key] = value

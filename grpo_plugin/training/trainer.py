@@ -7,7 +7,7 @@
         _refill                      DAPO dynamic sampling (rollout/dynamic_sampling.py)
         _training_batch              advantages (objective.py), loss mask
         _add_policy_logps            old and reference log-probs, only when needed
-        _write_completions           completions/step_XXXXX.parquet (completions_log.py)
+        write_completions            completions/step_XXXXX.parquet (completions_log.py)
         _shuffle_for_reuse           group-preserving shuffle when the rollout is reused
     compute_loss(batch)            log-probs (core/logprobs.py) -> the loss (objective.py: policy_loss
                                    of core/, entropy terms, MoE router loss)
@@ -44,7 +44,7 @@ from .config.grpo_config import GRPOConfig
 from .evaluation.setup import check_eval_setup, eval_set_names, prefixed, resolve_eval_metrics
 from .evaluation.watch import RewardHackingCallback
 from .inputs import check_inputs, check_prompt_lengths_of
-from .metrics import MetricsWindow, ZeroStdWatch, reward_metrics
+from .metrics import MetricsWindow, ZeroStdWatch, reward_metrics, rollout_tokens
 from .objective import TrainingObjective, shuffle_for_reuse, training_batch
 from .policy import (
     build_reference,
@@ -62,9 +62,10 @@ from .run.state import RunState, mid_rollout
 from .sampling import streaming
 from .sampling.rollouts import RolloutSampler
 from .sampling.tools import ToolInputs
+from .trl_attributes import TRLAttributes
 
 
-class GRPOTrainer(Trainer):
+class GRPOTrainer(TRLAttributes, Trainer):
     """TRL-compatible GRPO trainer (see `GRPOConfig` for every option). `dataset_names` (Hub ids
     of the training data) may be set after construction: `grpo_run.json` and the model card name
     them. `eval_dataset` may be a dict of named sets; `eval_metrics` (a callable or
@@ -104,9 +105,7 @@ class GRPOTrainer(Trainer):
         r = RewardSources.resolve(
             reward_funcs, reward_processing_classes, args, init_kwargs, context, extra
         )
-        self.rewards = r  # and TRL's attribute names:
-        self.reward_funcs, self.reward_names, self.reward_weights = r.funcs, r.names, r.weights
-        self.reward_processing_classes = r.processing_classes
+        self.rewards = r  # TRL's reward_funcs, reward_weights, ... read it (trl_attributes.py)
         self.eval_metrics = resolve_eval_metrics(eval_metrics)
         eval_sets = eval_set_names(eval_dataset)
         check_eval_setup(args, eval_sets, self.reward_names, self.eval_metrics is not None)
@@ -225,7 +224,7 @@ class GRPOTrainer(Trainer):
         extra_columns, logged = self.rewards.context.pop_logged()  # log_extra, log_metric
         self._metrics.update(logged)
         if self.args.log_completions:
-            self._write_completions(rollout, batch.advantages, extra_columns)
+            completions_log.write_completions(self, rollout, batch.advantages, extra_columns)
         batch = self._shuffle_for_reuse(batch)
         # dapo's normaliser: the global rollout's loss tokens per micro-slice and process
         tokens = distributed.mean_over_processes(self.accelerator, float(batch.loss_mask.sum()))
@@ -251,6 +250,9 @@ class GRPOTrainer(Trainer):
         pad_id = self.processing_class.pad_token_id
         rollout, _ = distributed.gather_rollout(self.accelerator, rollout, pad_id)
         metrics = reward_metrics(rollout, self.reward_names)  # over every process's completions
+        metrics["num_tokens"] = self.state.num_input_tokens_seen = (
+            self.state.num_input_tokens_seen + rollout_tokens(rollout)
+        )  # TRL's
         self._metrics.update(metrics)
         self.run_state.zero_std.update(
             metrics["frac_reward_zero_std"], self.is_world_process_zero()
@@ -285,9 +287,6 @@ class GRPOTrainer(Trainer):
             with reference_mode(model, self.ref_model) as ref:
                 batch.ref_logps = self._logps(ref, batch).logps
         return batch
-
-    def _write_completions(self, rollout: Rollout, advantages: torch.Tensor, extra: dict) -> None:
-        completions_log.write_completions(self, rollout, advantages, extra)
 
     def _shuffle_for_reuse(self, batch: TrainingBatch) -> TrainingBatch:
         return shuffle_for_reuse(batch, self.args, self._rollout_key.generator("shuffle"))
@@ -335,6 +334,7 @@ class GRPOTrainer(Trainer):
         loss = super().training_step(model, inputs, num_items_in_batch)
         spent = self._metrics.total(*rollout_keys) - spent_before
         self._metrics.add("timing/train_s", time.perf_counter() - start - spent)
+        self._metrics.add("step_time", time.perf_counter() - start)  # TRL's, rollout included
         return loss
 
     def compute_loss(
@@ -357,7 +357,7 @@ class GRPOTrainer(Trainer):
 
     # --- logging, evaluation, saving ------------------------------------------------------------
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        if "loss" in logs:  # a training log: add this window's rollout metrics
+        if not any(key.startswith("eval_") for key in logs):  # every train log (final too), as TRL
             window = self._metrics.flush(self.state.global_step)
             logs.update(distributed.reduce_metrics(self.accelerator, window))
         super().log(logs, start_time)

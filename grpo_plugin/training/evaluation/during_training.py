@@ -190,6 +190,12 @@ class SetEvaluator(EvalEngine):
         out.update({f"{key}_mean": stats[key] for key in LOSS_STATS if key in stats})
         if "kl" in stats:
             out["kl"] = stats["kl"]
+        bonus = self.trainer._objective.entropy  # TRL's eval loss: the policy term - c * H
+        if bonus.enabled:
+            out["policy_loss"], out["loss"] = (
+                out["loss"],
+                out["loss"] - bonus.applied() * out["entropy"],
+            )
         return out
 
 

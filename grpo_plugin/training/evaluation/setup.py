@@ -19,6 +19,7 @@ BUILTIN_KEYS = (
     "accuracy",
     "n",
     "loss",
+    "policy_loss",
     "reward",
     "reward_std",
     "frac_reward_zero_std",
