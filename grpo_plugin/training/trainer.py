@@ -15,8 +15,7 @@
 How it differs from TRL's trainer: each distinct prompt is prefilled once and its KV cache shared by
 its G completions (generation and training forward); with tools each completion keeps its KV cache
 across turns (`rollout/multiturn.py`); no reference pass at beta == 0 and no old-policy pass when
-the rollout is used on-policy; DAPO dynamic sampling; reward-function errors name the function
-and the sample.
+the rollout is used on-policy; DAPO dynamic sampling; reward errors name function and sample.
 """
 
 from __future__ import annotations
@@ -96,6 +95,7 @@ class GRPOTrainer(TRLAttributes, Trainer):
         # Cheap checks first: nothing is loaded before the inputs are known to be usable.
         tool_inputs = ToolInputs.check(tools, rollout_func, environment_factory, args)
         autopilot.check_inputs(args, tool_inputs)  # what auto_find_batch_size cannot plan for
+        train_dataset = tool_inputs.owned_data(train_dataset, args)  # None: the environment's
         train_dataset, eval_dataset = check_inputs(model, args, train_dataset, eval_dataset)
         tool_inputs.check_dataset(train_dataset)
         self._previous_run_files = run_lock.previous_run_files(args.output_dir)  # before any write

@@ -44,7 +44,7 @@ def mean_code(prompts, completions, trainer_state, **kw):
     texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
     return [sum(map(ord, t)) / (128 * max(1, len(t))) for t in texts]
 """
-NOT_COMPARED = ("timing/", "generation/tokens_per_s", "train_")
+NOT_COMPARED = ("timing/", "generation/tokens_per_s", "train_", "step_time")
 
 
 @pytest.fixture(scope="module")

@@ -125,8 +125,8 @@ class ToolInputs:
             return dataset
         if self.environments is None:
             raise ValueError(
-                "train_dataset is required unless an environment_factory is given (its reset() "
-                "then supplies the prompts)."
+                "`train_dataset` is required unless an `environment_factory` is provided (its "
+                "reset() then supplies the prompts)."
             )
         if self.environments.by_column:
             raise ValueError(

@@ -31,7 +31,7 @@ REUSED = dict(
 )
 # Wall-clock metrics, and the end-of-run summary, which (as in transformers) describes the part
 # of the run since it was last started.
-NOT_COMPARED = ("timing/", "generation/tokens_per_s", "train_")
+NOT_COMPARED = ("timing/", "generation/tokens_per_s", "train_", "step_time")
 
 
 def trainer_for(tokenizer, out, callbacks=None, reward=char_codes, **overrides):
