@@ -422,3 +422,15 @@ def test_a_models_own_template_with_tools_trains_a_step(family, tmp_path):
     log = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
     assert log["tools/call_frequency"] == 1.0 and log["tools/failure_frequency"] == 0.0
     assert log["reward"] == 1.0  # every last turn is "It is {a * b}.", parsed in that format
+
+
+def test_train_dataset_none_trains_on_the_environments_prompts(tiny_tokenizer, tmp_path):
+    """TRL 1.16: `train_dataset=None` with one environment_factory; each reset() is the prompt."""
+    OwnsTheData.resets = []
+    trainer = tool_trainer(tiny_tokenizer, tmp_path, counter_script, None, tools=[], data=None,
+                           environment_factory=OwnsTheData, max_steps=2)  # fmt: skip
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert len(OwnsTheData.resets) == 16  # 2 steps x 8 completions, each its own environment
+    rows = [json.loads(r) for r in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["rewards/OwnsTheData/mean"] for r in rows if "loss" in r] == [1.0, 1.0]
