@@ -22,7 +22,8 @@ from grpo_plugin.core.objectives import (
     policy_loss,
 )
 
-STAT_KEYS = {"clip_ratio/low", "clip_ratio/high", "clip_ratio/region", "ratio/mean"}
+STAT_KEYS = {"clip_ratio/low", "clip_ratio/high", "clip_ratio/region", "ratio/mean",
+             "clip_ratio/low_min", "clip_ratio/high_max"}  # fmt: skip
 NAN = float("nan")
 
 
@@ -275,14 +276,14 @@ def np_policy_loss(lp, old, ref, adv, mask, **spec):
     eh = spec["epsilon_high"] or el
     n, t = lp.shape
     loss_rows, seq_sums, ratios, klv = [], [], np.zeros((n, t)), np.zeros((n, t))
-    total, n_tok, phis = 0.0, 0, []
+    total, n_tok, phis, seq_fracs = 0.0, 0, [], []
     low = high = cispo = 0
     for i in range(n):
         valid = np.flatnonzero(mask[i])
         seq_log = (lp[i, valid] - old[i, valid]).sum() / max(1, valid.size)
         phi = np_vespo_phi(lp[i, valid] - old[i, valid], adv[i])
         phis.append(phi)
-        terms = []
+        terms, seq_low, seq_high = [], 0, 0
         for j in valid:
             rho = math.exp(seq_log if level == "sequence" else lp[i, j] - old[i, j])
             o = np_token_objective(loss_type, rho, lp[i, j], adv[i], el, eh, delta, phi)
@@ -290,9 +291,12 @@ def np_policy_loss(lp, old, ref, adv, mask, **spec):
             klv[i, j] = (math.exp(d) - d - 1) * (rho if spec["use_bias_correction_kl"] else 1.0)
             terms.append(-o + beta * klv[i, j])
             ratios[i, j] = rho
-            low += rho < 1 - el and adv[i] < 0
-            high += rho > 1 + eh and adv[i] > 0
+            seq_low += rho < 1 - el and adv[i] < 0
+            seq_high += rho > 1 + eh and adv[i] > 0
             cispo += rho > eh and adv[i] > 0
+        low, high = low + seq_low, high + seq_high
+        if valid.size:  # TRL's extremes over the sequences of their clipped fractions
+            seq_fracs.append((seq_low / valid.size, seq_high / valid.size))
         loss_rows.append(sum(terms) / max(1, valid.size))
         seq_sums.append(sum(terms))
         total += sum(terms)
@@ -306,6 +310,8 @@ def np_policy_loss(lp, old, ref, adv, mask, **spec):
     if loss_type in CLIPPED_LOSS_TYPES:
         stats.update({"clip_ratio/low": low / nv, "clip_ratio/high": high / nv,
                       "clip_ratio/region": (low + high) / nv})  # fmt: skip
+        stats["clip_ratio/low_min"] = min((f[0] for f in seq_fracs), default=0.0)
+        stats["clip_ratio/high_max"] = max((f[1] for f in seq_fracs), default=0.0)
     if loss_type == "cispo":
         stats["cispo_clip_ratio"] = cispo / nv
     if loss_type == "vespo":
