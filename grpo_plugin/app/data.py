@@ -60,21 +60,7 @@ _INTEGER_KEYS = (
     "high_b",
 )
 _KEYS_BY_NAME = {
-    "arithmetic": {
-        "name",
-        "train_size",
-        "eval_size",
-        "validation_size",
-        "seed",
-        "low",
-        "high",
-        "template",
-        "system_prompt",
-        "low_b",
-        "high_b",
-        "operation",
-        "shots",
-    },
+    "arithmetic": {"name", *_INTEGER_KEYS, "template", "system_prompt", "operation", "shots"},
     "gsm8k": _COMMON_KEYS | {"system_prompt", "shots"},
     None: _COMMON_KEYS,
 }

@@ -9,6 +9,7 @@ import torch
 import trl
 from conftest import char_codes, frac_sevens, make_tiny_model
 from datasets import Dataset
+from scripted_policy import multiply
 
 import grpo_plugin
 
@@ -25,20 +26,6 @@ CONFIGS = {
     "entropy_kl_eval": dict(reward_weights=[1.0, 0.5], entropy_coef=0.01, beta=0.04,
                             eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=4),
 }  # fmt: skip
-
-
-def multiply(a: int, b: int) -> int:
-    """
-    Multiplies two integers.
-
-    Args:
-        a: The first integer.
-        b: The second integer.
-
-    Returns:
-        The product of the two integers.
-    """
-    return a * b
 
 
 def answer_length(completions, **kwargs):
