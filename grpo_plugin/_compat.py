@@ -6,6 +6,7 @@ library internals: it calls these helpers.
 | helper                              | for                                   | remove when                    |
 |-------------------------------------|---------------------------------------|--------------------------------|
 | `keep_bnb_4bit_weights_trainable`   | bitsandbytes 0.50 on AVX512-BF16 CPUs | bnb's CPU repack keeps autograd |
+| `quiet_bnb_kernel_warnings`         | bitsandbytes 0.50 on AVX512-BF16 CPUs asks `kernels` (transformers >= 5.25 depends on it) for a Hub kernel at import; both warn offline, bnb falls back to its own CPU code | bnb stops fetching kernels at import |
 | `cache_argument_name`               | transformers < 5.24 (`past_key_values`, the declared floor 5.23 among them) vs 5.24+ (`cache`) | transformers < 5.24 is unsupported |
 | `output_cache`                      | the same rename on model outputs      | the same                       |
 | `accepts_logits_to_keep`            | transformers 4.45+ models take `logits_to_keep` (older and some remote-code models do not) | every supported model takes it |
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -42,6 +44,15 @@ from contextlib import contextmanager
 import torch
 
 from ._logging import warn_once
+
+
+def quiet_bnb_kernel_warnings() -> None:
+    """Drop the two import-time warnings of bitsandbytes' CPU backend (see the table above): the
+    CLI's errors are one line, and these say nothing a user can act on."""
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+    logging.getLogger("kernels._internals.hf_hub").addFilter(
+        lambda record: "publisher trust check" not in record.getMessage()
+    )
 
 
 def launched_without_accelerators() -> bool:

@@ -28,13 +28,9 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-# Before anything imports bitsandbytes: on an AVX512-BF16 CPU its CPU backend asks the `kernels`
-# package (a dependency of transformers >= 5.25) for a Hub kernel, and both log a warning on
-# import when offline or when the kernel is missing; bnb falls back to its own CPU code.
-logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
-logging.getLogger("kernels._internals.hf_hub").addFilter(
-    lambda record: "publisher trust check" not in record.getMessage()
-)
+from ._compat import quiet_bnb_kernel_warnings  # noqa: E402
+
+quiet_bnb_kernel_warnings()  # before anything imports bitsandbytes
 
 from .app.recipe import RecipeError, load_recipe, one_line, recipe_parser  # noqa: E402
 from .app.recipe_checks import check_recipe  # noqa: E402
