@@ -107,6 +107,7 @@ def child_flags(opts, **overrides: Any) -> list[str]:
         "memory_limit_gb": opts.memory_limit_gb,
         "micro_batch": opts.micro_batch,
         "ours_src": opts.ours_src,
+        "ours_rollout_precision": opts.ours_rollout_precision,
         **overrides,
     }
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in values.items() if v is not None]
@@ -312,6 +313,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="rows per micro-batch for both (accumulation makes up the step)")  # fmt: skip
     p.add_argument("--ours-auto-batch", action="store_true",
                    help="ours: auto_find_batch_size=True (the autopilot picks its split)")  # fmt: skip
+    p.add_argument("--ours-rollout-precision", default="policy", choices=["policy", "bf16", "int8"],
+                   help="ours: rollout_precision (a bf16 / int8 rollout copy, corrected)")  # fmt: skip
     p.add_argument("--ours-src", default=None,
                    help="ours from this checkout's grpo_plugin (e.g. a git worktree): before/after")  # fmt: skip
     p.add_argument("--fixed-length", action="store_true",

@@ -235,6 +235,8 @@ def build_trainer(opts, dataset, output_dir: str):
         from grpo_plugin import GRPOConfig, GRPOTrainer
 
         auto = {"auto_find_batch_size": bool(opts.ours_auto_batch)}
+        if opts.ours_rollout_precision != "policy":  # not passed to an older checkout's config
+            auto["rollout_precision"] = opts.ours_rollout_precision
         args = GRPOConfig(**shared, share_prompt_prefix=True, **auto)
     return GRPOTrainer(
         model=opts.model_dir,

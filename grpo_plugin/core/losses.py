@@ -125,6 +125,7 @@ def policy_loss(
     params: LossParams | None = None,
     *,
     token_mask: torch.Tensor | None = None,
+    sampling_weights: torch.Tensor | None = None,
     **settings,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GRPO-family loss (to minimise) over ``N`` completions of up to ``T`` tokens.
@@ -139,6 +140,9 @@ def policy_loss(
         params: the hyperparameters; or pass ``LossParams`` fields as keyword ``settings``.
         token_mask: ``(N, T)`` optional extra mask on the policy term only (e.g. the high-entropy
             mask); the KL term and the normalization still use ``mask``.
+        sampling_weights: ``(N, T)`` or ``(N, 1)`` optional constant weights on the policy term
+            (not the KL term): ``sampling_correction.sampling_weights`` when a cheaper copy of the
+            policy sampled the rollout (where TRL applies its vLLM correction).
 
     Returns:
         ``(loss, stats)``: a scalar tensor and detached floats: ``ratio/mean``, ``clip_ratio/low``,
@@ -170,6 +174,8 @@ def policy_loss(
         )
     if token_mask is not None:
         per_token = per_token * token_mask.to(logps.dtype)
+    if sampling_weights is not None:
+        per_token = per_token * sampling_weights.detach().to(logps.dtype)
     kl = None
     if ref_logps is not None:
         kl = kl_k3(logps, _zero_padding(ref_logps, valid, logps.dtype))  # (N, T), 0 on padding

@@ -77,13 +77,14 @@ def concat_rollouts(a: Rollout, b: Rollout, pad_token_id: int) -> Rollout:
 
 
 def _tool_rows(a: RolloutBatch, b: RolloutBatch, width: int) -> dict[str, torch.Tensor]:
-    """The tool tensors of two batches stacked, when either has them (multi-turn rollouts)."""
+    """The optional row tensors of two batches stacked, when either has them (tools, sampling
+    log-probs)."""
     out = {}
-    for name in RolloutBatch.TOOL_ROW_FIELDS:
+    for name in RolloutBatch.OPTIONAL_ROW_FIELDS:
         if getattr(a, name) is None and getattr(b, name) is None:
             continue
         parts = [x.tool_field(name) for x in (a, b)]
-        if name == "sampled_mask":
+        if name in ("sampled_mask", "sampling_logps"):  # (n, Tc) each
             parts = [pad_columns(p, width, 0, left=False) for p in parts]
         out[name] = torch.cat(parts)
     return out

@@ -110,7 +110,7 @@ def generate_groups(
     _check_prompts(prompt_ids)
     keep_bnb_4bit_weights_trainable(model)
     batch = _generate(model, prompt_ids, request, decode_spec(request))
-    for name in RolloutBatch.ROW_FIELDS:
+    for name in batch.row_fields():
         setattr(batch, name, getattr(batch, name).clone())  # inference tensors -> normal tensors
     return batch
 
@@ -128,6 +128,7 @@ def _generate(model, prompt_ids, request: GenerationRequest, spec: DecodeSpec) -
         is_truncated=~out.finished,
         num_prefill_tokens=prefilled,
         num_generated_tokens=int(completion_mask.sum()),
+        sampling_logps=out.logprobs,  # (N, Tc) with `record_logprobs`, else None
     )
 
 
@@ -217,7 +218,7 @@ def decode(
         tokens.append(step_tokens)
         live.append(~finished)
         if spec.record_logprobs:
-            logps.append(_picked_logprobs(logits, picked, active, rows))
+            logps.append(_picked_logprobs(logits, picked, active, rows, sampling.temperature))
         finished = finished | torch.isin(step_tokens, eos)
         if spec.on_step is not None:
             spec.on_step(finished, tokens, live)
@@ -245,8 +246,12 @@ def decode(
     )
 
 
-def _picked_logprobs(logits, picked, active, rows) -> torch.Tensor:
-    """`(N,)` log-softmax of the raw logits `(A, V)` at the picked tokens (0 for other rows)."""
+def _picked_logprobs(logits, picked, active, rows, temperature: float) -> torch.Tensor:
+    """`(N,)` log-softmax of the logits `(A, V)` over `temperature` (1 when greedy) at the
+    picked tokens, 0 for the other rows: the training forward's log-prob of the same token (it
+    divides by the temperature too, and filters nothing)."""
+    scale = temperature if temperature > 0 else 1.0
     out = torch.zeros(rows, dtype=torch.float32, device=logits.device)
-    out[active] = logits.float().log_softmax(-1).gather(1, picked.unsqueeze(-1)).squeeze(-1)
+    logps = (logits.float() / scale).log_softmax(-1)  # (A, V)
+    out[active] = logps.gather(1, picked.unsqueeze(-1)).squeeze(-1)
     return out

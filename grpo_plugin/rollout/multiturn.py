@@ -259,7 +259,18 @@ def pack(result: ToolLoopResult, pad_token_id: int) -> RolloutBatch:
         tool_failures=per_row([t.tool_failures for t in trajectories]),
         turns=per_row([t.turns for t in trajectories]),
         num_reused_tokens=result.num_reused_tokens,
+        sampling_logps=_logprob_rows(result.logprobs, width, device),
     )
+
+
+def _logprob_rows(logprobs: list[list[float]] | None, width: int, device) -> torch.Tensor | None:
+    """The loop's per-row sampling log-probs as `(N, Tc)` float32 (0 after each row's end)."""
+    if logprobs is None:
+        return None
+    out = torch.zeros((len(logprobs), width), dtype=torch.float32)  # (N, Tc)
+    for r, values in enumerate(logprobs):
+        out[r, : len(values)] = torch.tensor(values, dtype=torch.float32)
+    return out.to(device)
 
 
 __all__ = ["ToolCall", "ToolLoopResult", "ToolSetup", "pack", "run_tool_loop"]

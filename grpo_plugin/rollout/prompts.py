@@ -108,6 +108,7 @@ def sample_groups(
         share_prompt_prefix=settings.share_prompt_prefix,
         noise=noise,
         on_step=on_step,
+        record_logprobs=settings.record_logprobs,
     )
     batch = generate_groups(model, prompt_ids, request)
     repeated = [r for r in rows for _ in range(settings.num_generations)]
@@ -136,6 +137,7 @@ def _sample_with_tools(model, tokenizer, rows, settings: GroupSampling, noise) -
         pad_token_id=pad,
         share_prompt_prefix=settings.share_prompt_prefix,
         noise=noise,
+        record_logprobs=settings.record_logprobs,
     )
     result = run_tool_loop(model, tokenizer, prompt_ids, boxes, setup, request)
     completions = [t.messages for t in result.trajectories]

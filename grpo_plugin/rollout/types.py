@@ -90,7 +90,7 @@ class GenerationRequest:
     generator: torch.Generator | None = None  # draws in call order (`GeneratorNoise`)
     noise: SamplingNoise | None = None  # one row of uniforms per completion (e.g. `KeyedNoise`)
     on_step: StepHook | None = None  # called after every decode step (`generation.decode`)
-    record_logprobs: bool = False  # the tool loop returns them; `generate_groups` ignores it
+    record_logprobs: bool = False  # keep the sampled tokens' log-probs (`sampling_logps`)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "eos_token_ids", tuple(int(i) for i in self.eos_token_ids))
@@ -120,7 +120,9 @@ class DecodeSpec:
     pad_token_id: int  # fills each row after its end
     noise: SamplingNoise  # row a at step t reads `noise.uniforms([a], t)`
     drop_finished: bool = True  # finished rows leave the batch and the KV cache
-    record_logprobs: bool = False  # keep log pi(token) at temperature 1 (`Decoded.logprobs`)
+    # keep log pi(token) under the sampling temperature (1 when greedy), before top-k/top-p and
+    # the other filters: what the training forward computes (`Decoded.logprobs`)
+    record_logprobs: bool = False
     on_step: StepHook | None = None  # called after every step
 
 
@@ -140,6 +142,7 @@ class GroupSampling:
     # A `multiturn.ToolSetup` for multi-turn tool calling, None: one turn. Typed Any because
     # multiturn imports this module, and the import-cycle test counts TYPE_CHECKING imports too.
     tools: Any = None
+    record_logprobs: bool = False  # keep the sampling log-probs (`RolloutBatch.sampling_logps`)
 
 
 @dataclass
@@ -163,9 +166,13 @@ class RolloutBatch:
     tool_failures: torch.LongTensor | None = None  # (N,) of them, those that returned an error
     turns: torch.LongTensor | None = None  # (N,) assistant turns of each completion
     num_reused_tokens: int = 0  # history tokens later turns found in the KV cache (not re-encoded)
+    # (N, Tc) float32 log-probs of the sampled tokens under the policy that sampled them (0 off
+    # them); set when recorded (`record_logprobs`), for the sampling correction
+    sampling_logps: torch.Tensor | None = None
 
     ROW_FIELDS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "is_truncated")
     TOOL_ROW_FIELDS = ("sampled_mask", "tool_calls", "tool_failures", "turns")
+    OPTIONAL_ROW_FIELDS = (*TOOL_ROW_FIELDS, "sampling_logps")  # None unless set
 
     @property
     def model_mask(self) -> torch.LongTensor:
@@ -184,7 +191,7 @@ class RolloutBatch:
     def row_fields(self) -> tuple[str, ...]:
         """The names of the per-row tensors this batch holds."""
         return self.ROW_FIELDS + tuple(
-            f for f in self.TOOL_ROW_FIELDS if getattr(self, f) is not None
+            f for f in self.OPTIONAL_ROW_FIELDS if getattr(self, f) is not None
         )
 
     def select(self, rows: torch.Tensor) -> RolloutBatch:
@@ -195,13 +202,15 @@ class RolloutBatch:
         return out
 
     def tool_field(self, name: str) -> torch.Tensor:
-        """A tool tensor, or its single-turn value when unset (every token sampled, no call, one
-        turn): for stacking a single-turn batch with a multi-turn one."""
+        """An optional row tensor, or its value when unset (every token sampled, no call, one
+        turn, sampling log-probs unknown): for stacking a batch that has it with one without."""
         value = getattr(self, name)
         if value is not None:
             return value
         if name == "sampled_mask":
             return self.completion_mask
+        if name == "sampling_logps":  # unknown: no correction on these rows (NaN, as TRL)
+            return torch.full(self.completion_mask.shape, float("nan"))
         rows = self.completion_mask.shape[0]
         return torch.full((rows,), int(name == "turns"), dtype=torch.long)
 
@@ -242,6 +251,8 @@ class TrainingBatch:
     sampled_mask: torch.LongTensor | None = None  # (N, Tc) tokens the policy sampled (tools)
     old_logps: torch.Tensor | None = None  # (N, Tc) behaviour policy, only when a rollout is reused
     ref_logps: torch.Tensor | None = None  # (N, Tc) reference policy, only when beta > 0
+    # (N, Tc) under the policy that sampled them, when a cheaper copy did (`rollout_precision`)
+    sampling_logps: torch.Tensor | None = None
 
     @property
     def model_mask(self) -> torch.LongTensor:
@@ -344,4 +355,4 @@ class Decoded:
     finished: torch.BoolTensor  # (A,) an EOS was sampled
     cache: Any  # the KV cache after the run (its width is `attention`'s)
     attention: torch.LongTensor  # (A, W) 1 on the cached columns each row attends to
-    logprobs: torch.Tensor | None = None  # (A, T) log pi(token) at temperature 1, when recorded
+    logprobs: torch.Tensor | None = None  # (A, T) log pi(token) (`DecodeSpec.record_logprobs`)

@@ -33,6 +33,7 @@ from ..core.objectives import (
     high_entropy_mask,
     policy_loss,
 )
+from ..core.sampling_correction import CorrectionParams, sampling_weights
 from ..rollout.types import Rollout, TrainingBatch
 from . import distributed
 from .run import rundir
@@ -65,6 +66,7 @@ def training_batch(rollout: Rollout, args: Any, reward_weights, tokenizer) -> Tr
         loss_mask=b.loss_mask(args.mask_truncated_completions),  # (N, Tc)
         advantages=advantages.float(),
         sampled_mask=b.sampled_mask,
+        sampling_logps=b.sampling_logps,  # a rollout copy's log-probs, for the correction
     ).padded_to_multiple(args.pad_to_multiple_of, tokenizer.pad_token_id)
 
 
@@ -84,6 +86,7 @@ class TrainingObjective:
     def __init__(self, args: Any, aux_loss_coef: float = 0.0, accelerator: Any = None):
         self.accelerator = accelerator  # None: one process
         self.params = args.loss_params()
+        self.correction = args.correction_params() if args.sampling_correction else None
         self.top_entropy_quantile = args.top_entropy_quantile
         self.aux_loss_coef = aux_loss_coef
         self.entropy = AdaptiveEntropyCoefficient(
@@ -127,14 +130,16 @@ class TrainingObjective:
         if self.top_entropy_quantile < 1.0:
             token_mask = self._entropy_mask(entropy.detach(), mask)
         old, ref = batch.old_logps, batch.ref_logps
+        weights, sampling_stats = self._sampling_weights(logps, batch)
+        adv, params = batch.advantages, self.params
         loss, stats = policy_loss(
-            logps, old, ref, batch.advantages, mask, self.params, token_mask=token_mask
+            logps, old, ref, adv, mask, params, token_mask=token_mask, sampling_weights=weights
         )
         if self.params.loss_type in TOKEN_LEVEL_LOSS_TYPES:  # per-token mean over the rollout
             loss = loss * max(float(mask.sum()), 1.0) / max(tokens_per_slice, 1.0)
         elif self.params.loss_type == "bnpo":  # per-token mean over the micro-batch
             loss = loss * self._global_share(mask)
-        metrics = _loss_metrics(stats)
+        metrics = _loss_metrics(stats) | sampling_stats
         valid = batch.model_mask.bool()  # every sampled token, as TRL's `entropy` (no tool results)
         if valid.any():
             metrics["entropy"] = entropy[valid].mean().item()
@@ -144,6 +149,17 @@ class TrainingObjective:
             loss = loss + self.aux_loss_coef * aux_loss
             metrics["aux_loss"] = float(aux_loss.detach())
         return loss, metrics
+
+    def _sampling_weights(self, logps: torch.Tensor, batch: TrainingBatch):
+        """`(weights or None, metrics)`: the correction for a rollout a cheaper copy sampled.
+        pi_old is the policy when the rollout was made: `old_logps` when it is reused after an
+        update, else these log-probs themselves (the policy has not moved since), detached."""
+        if batch.sampling_logps is None:
+            return None, {}
+        old = batch.old_logps if batch.old_logps is not None else logps.detach()
+        params = self.correction or CorrectionParams()  # off: still measure the mismatch
+        weights, stats = sampling_weights(old, batch.sampling_logps, batch.loss_mask, params)
+        return (weights if self.correction is not None else None), stats
 
     def _entropy_mask(self, entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """`(n, Tc)` bool: the top quantile by entropy, the threshold over every process's tokens."""

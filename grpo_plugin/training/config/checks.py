@@ -29,6 +29,7 @@ SCALE_REWARDS = ("group", "batch", "none")
 MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 # generation_kwargs our sampler honours; a key naming a GRPOConfig field overrides it (as in TRL).
 SAMPLER_KWARGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+ROLLOUT_PRECISIONS = ("policy", "auto", "bf16", "int8")
 
 
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -38,10 +39,6 @@ def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
 
 # --- TRL's fields accepted only at their default (before TrainingArguments) -------------------------
 _VLLM = "a vLLM setting, and generation here is our own prefix-shared sampler (vLLM does not apply)"
-_VLLM_IS = (
-    "corrects the mismatch between vLLM's and the trainer's log-probs; our sampler runs the "
-    "trained model itself, so there is no mismatch to correct"
-)
 _CB = "generation here is our own prefix-shared sampler, not transformers' continuous batching"
 
 # name -> (TRL's default, why it does not apply here); `GRPOConfig` declares each with these.
@@ -67,11 +64,6 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "vllm_gpu_memory_utilization": (0.3, _VLLM),
     "vllm_max_model_length": (None, _VLLM),
     "vllm_tensor_parallel_size": (1, _VLLM),
-    "vllm_importance_sampling_correction": (True, _VLLM_IS),
-    "vllm_importance_sampling_mode": ("sequence_mask", _VLLM_IS),
-    "vllm_importance_sampling_clip_max": (3.0, _VLLM_IS),
-    "vllm_importance_sampling_clip_min": (None, _VLLM_IS),
-    "vllm_importance_sampling_cap": (None, _VLLM_IS),
     "log_completions_hub_repo": (
         None,
         "completions are written to output_dir/completions/*.parquet; upload the run with "
@@ -243,6 +235,45 @@ def check_rollout(config: Any) -> None:
         raise ValueError(
             f"max_resample_rounds={config.max_resample_rounds} must be >= 0 (0: no refill)."
         )
+    _choice("rollout_precision", config.rollout_precision, ROLLOUT_PRECISIONS)
+    _resolve_trl_correction_names(config)
+    config.correction_params()  # validates the mode and the bounds
+    corrected = config.rollout_precision != "policy" and config.sampling_correction
+    if corrected and config.loss_type == "vespo":
+        raise ValueError(
+            "loss_type='vespo' with a rollout copy is not supported: VESPO folds the sampling "
+            "ratio into its own sequence weights; use rollout_precision='policy'."
+        )
+
+
+# ours <- TRL's name, and the shared default
+_TRL_CORRECTION_NAMES = {
+    "sampling_correction": ("vllm_importance_sampling_correction", True),
+    "sampling_correction_mode": ("vllm_importance_sampling_mode", "sequence_mask"),
+    "sampling_correction_clip_max": ("vllm_importance_sampling_clip_max", 3.0),
+    "sampling_correction_clip_min": ("vllm_importance_sampling_clip_min", None),
+}
+
+
+def _resolve_trl_correction_names(config: Any) -> None:
+    """TRL's `vllm_importance_sampling_*` and ours name the same settings: one set away from the
+    default sets the other; both set, differently, is refused. TRL's deprecated `_cap` sets
+    `_clip_max`, as in TRL."""
+    if config.vllm_importance_sampling_cap is not None:
+        logger.warning(
+            "vllm_importance_sampling_cap is deprecated (as in TRL); use "
+            "vllm_importance_sampling_clip_max or sampling_correction_clip_max."
+        )
+        config.vllm_importance_sampling_clip_max = config.vllm_importance_sampling_cap
+    for ours, (trl, default) in _TRL_CORRECTION_NAMES.items():
+        mine, theirs = getattr(config, ours), getattr(config, trl)
+        if mine != default and theirs != default and mine != theirs:
+            raise ValueError(
+                f"{ours}={mine!r} and {trl}={theirs!r} name the same setting; set one of them."
+            )
+        value = theirs if mine == default else mine
+        setattr(config, ours, value)
+        setattr(config, trl, value)
 
 
 def check_logprob_chunk_size(config: Any) -> None:

@@ -36,6 +36,7 @@ from typing import Any
 from transformers import TrainingArguments
 
 from ...core.objectives import LossParams
+from ...core.sampling_correction import CorrectionParams
 from ...rollout.chat_tools import DEFAULT_TOOL_TEMPLATE
 from ...rollout.multiturn import DEFAULT_MAX_TOOL_RESULT_CHARS, DEFAULT_TOOL_TIMEOUT_S
 from ...rollout.types import SamplingParams
@@ -251,6 +252,36 @@ class GRPOConfig(TrainingArguments):
     max_resample_rounds: int = _help(
         "Refill rounds per rollout for dynamic sampling before giving up.", 3
     )
+    rollout_precision: str = _help(
+        "The weights the training rollouts are sampled from. 'policy': the trained model itself "
+        "(exact). 'bf16': a bfloat16 copy, merged with the LoRA adapter and refreshed from the "
+        "policy before each rollout; it reads half the bytes per decoded token (for CPUs with "
+        "AVX512-BF16/AMX, and GPUs). 'int8': a copy whose linear layers hold int8 weights "
+        "(per-channel, weight-only; for CPUs without bf16 units; CPU only). 'auto': 'bf16' where "
+        "bf16 is native, 'int8' on other CPUs, 'policy' where a copy gains nothing (a 4-bit "
+        "base). A copy samples from a slightly "
+        "different distribution: `sampling_correction` corrects the loss for it and the "
+        "`sampling/*` metrics show how far it drifts. Evaluation always uses the policy.",
+        "policy",
+    )
+    sampling_correction: bool = _help(
+        "With a rollout copy (rollout_precision != 'policy'), weight each token's policy loss by "
+        "the importance ratio pi_policy / pi_copy, bounded by sampling_correction_mode (TRL's "
+        "vllm_importance_sampling_correction). False: the mismatch is only logged.",
+        True,
+    )
+    sampling_correction_mode: str = _help(
+        "How the ratio is bounded: 'token_truncate' / 'sequence_truncate' clamp it to [clip_min, "
+        "clip_max] per token / per sequence (the product of its tokens' ratios); 'token_mask' / "
+        "'sequence_mask' set it to 0 outside (TRL's vllm_importance_sampling_mode).",
+        "sequence_mask",
+    )
+    sampling_correction_clip_max: float | None = _help(
+        "Upper bound of the ratio (TRL's vllm_importance_sampling_clip_max). None: none.", 3.0
+    )
+    sampling_correction_clip_min: float | None = _help(
+        "Lower bound of the ratio, >= 0 (TRL's vllm_importance_sampling_clip_min). None: none."
+    )
     # TRL's generation backends; here generation is our own sampler (`rollout/generation.py`).
     ds3_gather_for_generation: bool = _refused("ds3_gather_for_generation")
     cache_implementation: str | None = _refused("cache_implementation")
@@ -267,11 +298,23 @@ class GRPOConfig(TrainingArguments):
     vllm_gpu_memory_utilization: float = _refused("vllm_gpu_memory_utilization")
     vllm_max_model_length: int | None = _refused("vllm_max_model_length")
     vllm_tensor_parallel_size: int = _refused("vllm_tensor_parallel_size")
-    vllm_importance_sampling_correction: bool = _refused("vllm_importance_sampling_correction")
-    vllm_importance_sampling_mode: str = _refused("vllm_importance_sampling_mode")
-    vllm_importance_sampling_clip_max: float | None = _refused("vllm_importance_sampling_clip_max")
-    vllm_importance_sampling_clip_min: float | None = _refused("vllm_importance_sampling_clip_min")
-    vllm_importance_sampling_cap: float | None = _refused("vllm_importance_sampling_cap")
+    # TRL's names for the sampling correction, with TRL's meaning and defaults (TRL applies them
+    # to vLLM's samples; here to the rollout copy's): each sets the field of ours it names.
+    vllm_importance_sampling_correction: bool = _help(
+        "TRL's name for `sampling_correction` (setting either sets both).", True
+    )
+    vllm_importance_sampling_mode: str = _help(
+        "TRL's name for `sampling_correction_mode` (setting either sets both).", "sequence_mask"
+    )
+    vllm_importance_sampling_clip_max: float | None = _help(
+        "TRL's name for `sampling_correction_clip_max` (setting either sets both).", 3.0
+    )
+    vllm_importance_sampling_clip_min: float | None = _help(
+        "TRL's name for `sampling_correction_clip_min` (setting either sets both)."
+    )
+    vllm_importance_sampling_cap: float | None = _help(
+        "Deprecated in TRL (use vllm_importance_sampling_clip_max, which it sets). None: unset."
+    )
     use_transformers_continuous_batching: bool = _refused("use_transformers_continuous_batching")
     transformers_continuous_batching_config: dict | str | None = _refused(
         "transformers_continuous_batching_config"
@@ -522,6 +565,14 @@ class GRPOConfig(TrainingArguments):
     def prompts_per_generation(self) -> int:
         """Distinct prompts in one rollout on this process."""
         return self.generation_batch_per_device // self.num_generations
+
+    def correction_params(self) -> CorrectionParams:
+        """The sampling correction's mode and bounds (validated by `CorrectionParams`)."""
+        return CorrectionParams(
+            mode=self.sampling_correction_mode,
+            clip_min=self.sampling_correction_clip_min,
+            clip_max=self.sampling_correction_clip_max,
+        )
 
     @property
     def needs_old_logps(self) -> bool:

@@ -246,10 +246,10 @@ class EvalEngine:
         settings = GroupSampling(
             sampling,
             group,
-            s.max_prompt_length,
-            s.chat_template_kwargs,
-            s.share_prompt_prefix,
-            self.target.tools,
+            max_prompt_length=s.max_prompt_length,
+            chat_template_kwargs=s.chat_template_kwargs,
+            share_prompt_prefix=s.share_prompt_prefix,
+            tools=self.target.tools,
         )
         return sample_groups(self.target.model, self.target.tokenizer, rows, settings, noise=noise)
 

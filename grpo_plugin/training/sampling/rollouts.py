@@ -25,11 +25,14 @@ from ...rollout.noise import SamplingNoise
 from ...rollout.prompts import eos_token_ids, sample_groups
 from ...rollout.types import GroupSampling, Rollout, RolloutBatch
 from . import overlap
+from .rollout_copy import RolloutCopy, check_copyable, resolve_precision
 
 REQUIRED_KEYS = ("prompt_ids", "completion_ids", "logprobs")
 
 
-def group_sampling(args: Any, tools: ToolSetup | None = None) -> GroupSampling:
+def group_sampling(
+    args: Any, tools: ToolSetup | None = None, record_logprobs: bool = False
+) -> GroupSampling:
     """The `GroupSampling` of a `GRPOConfig`: its sampling params, G, prompt length, template
     kwargs and prefix sharing, with the run's `tools`. (A function here, not a config method, so
     the config stays a plain list of fields.)"""
@@ -39,6 +42,7 @@ def group_sampling(args: Any, tools: ToolSetup | None = None) -> GroupSampling:
         max_prompt_length=args.max_prompt_length,
         chat_template_kwargs=args.chat_template_kwargs,
         share_prompt_prefix=args.share_prompt_prefix,
+        record_logprobs=record_logprobs,  # a rollout copy's, for the sampling correction
         tools=tools,
     )
 
@@ -46,14 +50,21 @@ def group_sampling(args: Any, tools: ToolSetup | None = None) -> GroupSampling:
 class RolloutSampler:
     """Samples the rollouts of a `GRPOTrainer` (its args, tokenizer, tools and rollout_func)."""
 
-    def __init__(self, trainer: Any, tool_setup: Any, rollout_func: Any) -> None:
+    def __init__(self, trainer: Any, tool_setup: Any, rollout_func: Any, args, policy) -> None:
         self.trainer, self.tool_setup, self.rollout_func = trainer, tool_setup, rollout_func
+        self.copy = None  # the cheaper copy the rollouts are sampled from (`rollout_precision`)
+        precision = resolve_precision(args.rollout_precision, policy)
+        if precision != "policy":
+            check_copyable(policy, precision)  # one line, before any step
+            self.copy = RolloutCopy(precision)
 
     def sample(self, model, rows: list[dict[str, Any]], noise: SamplingNoise, on_step=None):
         a, tokenizer = self.trainer.args, self.trainer.processing_class
         if self.rollout_func is not None:
             return rollout_from_func(self.rollout_func, rows, self.trainer, a.num_generations)
-        settings = group_sampling(a, self.tool_setup)
+        if self.copy is not None:  # the weights change only at an optimizer step
+            model = self.copy.refresh(model, self.trainer.state.global_step)
+        settings = group_sampling(a, self.tool_setup, record_logprobs=self.copy is not None)
         return sample_groups(model, tokenizer, rows, settings, noise=noise, on_step=on_step)
 
     def sample_and_score(self, model, rows, noise, rewards) -> tuple[Rollout, dict[str, float]]:

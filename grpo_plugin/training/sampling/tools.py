@@ -86,6 +86,11 @@ class ToolInputs:
         inputs = cls(resolved, environments, rollout_func)
         if args is not None:
             overlap.check_inputs(args, inputs)  # overlap_scoring: single-turn rollouts only
+        if args is not None and rollout_func is not None and args.rollout_precision != "policy":
+            raise ValueError(
+                f"rollout_precision={args.rollout_precision!r} with a rollout_func: the function "
+                "samples the rollout itself; use rollout_precision='policy'"
+            )
         return inputs
 
     def check_dataset(self, dataset: Any) -> None:

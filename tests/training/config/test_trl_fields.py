@@ -46,7 +46,6 @@ REFUSED_EXAMPLES = {
     "use_vllm": True,
     "vllm_mode": "server",
     "vllm_gpu_memory_utilization": 0.5,
-    "vllm_importance_sampling_mode": "token_truncate",
     "cache_implementation": "static",
     "ds3_gather_for_generation": False,
     "log_completions_hub_repo": "me/completions",
@@ -150,3 +149,30 @@ def test_trl_fields_work_in_recipes_and_refusals_reach_the_user():
     assert (recipe.config.delta, recipe.config.min_p, recipe.config.top_k) == (2.0, 0.1, 5)
     with pytest.raises(RecipeError, match="use_vllm=True is not supported: generation here"):
         build_recipe({"dataset": {"name": "arithmetic"}, "use_vllm": True})
+
+
+def test_trl_importance_sampling_names_set_ours_and_conflicts_are_refused(tmp_path):
+    c = make(tmp_path, vllm_importance_sampling_mode="token_truncate",
+             vllm_importance_sampling_clip_max=2.0)  # fmt: skip
+    assert (c.sampling_correction_mode, c.sampling_correction_clip_max) == ("token_truncate", 2.0)
+    c = make(tmp_path, sampling_correction=False, vllm_importance_sampling_cap=5.0)
+    assert c.vllm_importance_sampling_correction is False  # ours sets TRL's name too
+    assert c.sampling_correction_clip_max == c.vllm_importance_sampling_clip_max == 5.0
+    with pytest.raises(ValueError, match="set one of them") as err:
+        make(tmp_path, sampling_correction_mode="token_mask",
+             vllm_importance_sampling_mode="sequence_truncate")  # fmt: skip
+    assert str(err.value).startswith("sampling_correction_mode='token_mask' and vllm_importance")
+
+
+@pytest.mark.parametrize(
+    "settings, match",
+    [
+        ({"rollout_precision": "fp8"}, "rollout_precision='fp8' is not supported; use one of"),
+        ({"sampling_correction_mode": "mask"}, "sampling_correction_mode='mask' is not supported"),
+        ({"rollout_precision": "bf16", "loss_type": "vespo"}, "loss_type='vespo' with a rollout"),
+    ],
+)
+def test_rollout_copy_settings_are_checked_in_one_line(tmp_path, settings, match):
+    with pytest.raises(ValueError, match=match) as err:
+        make(tmp_path, **settings)
+    assert "\n" not in str(err.value)

@@ -90,6 +90,22 @@ def test_a_crashed_run_resumes_exactly(tiny_tokenizer, tmp_path, uninterrupted):
     assert [r["step"] for r in lines if "loss" in r] == [1, 2, 3, 4, 5]
 
 
+def test_a_run_sampled_by_a_bf16_copy_resumes_exactly_mid_rollout(tiny_tokenizer, tmp_path):
+    # checkpoint-2 is mid-rollout: the buffer must keep the copy's sampling log-probs
+    whole = trainer_for(tiny_tokenizer, tmp_path / "whole", rollout_precision="bf16")
+    whole.train()
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit):
+        trainer_for(tiny_tokenizer, out, [CrashAt(3)], rollout_precision="bf16").train()
+    resumed = trainer_for(tiny_tokenizer, out, rollout_precision="bf16")
+    resumed.train(resume_from_checkpoint=True)
+    weights = adapter(whole)
+    assert max((adapter(resumed)[k] - weights[k]).abs().max().item() for k in weights) == 0.0
+    lines = metric_lines(out)
+    assert lines == metric_lines(tmp_path / "whole")
+    assert all("sampling/importance_sampling_ratio/mean" in r for r in lines if "loss" in r)
+
+
 def test_sigterm_saves_a_checkpoint_and_the_run_resumes_exactly(
     tiny_tokenizer, tmp_path, uninterrupted
 ):

@@ -1,0 +1,130 @@
+"""The rollout copy on its own (issue 28): generation time of the same rollout sampled by the
+float32 policy, a bf16 copy and an int8 copy, side by side in one process, in alternating order.
+
+    python benchmarks/rollout_precision.py [--rounds 5] [--length 24 256] [--group 8] [--prompts 2]
+        [--precisions policy bf16 int8] [--adapter RUN_DIR] [--out FILE]
+
+The policy is the embedded SmolLM2-135M-Instruct with a LoRA r=16 adapter on every linear layer
+(the demo's; `--adapter` loads a trained one, else B is drawn at random so the adapter changes
+the outputs). Each round samples the same prompts and draws once per precision (order rotated
+each round); `--length` rows decode exactly that many tokens (no end of sequence). Reported per
+precision and length: the median generate seconds and their ratio to the policy's, tokens/s,
+the copy's refresh seconds (what it costs per optimizer step), and the share of sampled tokens
+that differ from the policy's with the same draws.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import torch
+
+
+def cpu_name() -> str:
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.machine()
+
+
+def build_policy(adapter: str | None):
+    from peft import LoraConfig, get_peft_model
+
+    from grpo_plugin.training.policy import load_adapter, load_model
+
+    base = load_model("embedded:smollm2-135m-instruct", {"dtype": torch.float32})
+    if adapter:
+        return load_adapter(base, adapter)
+    policy = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))
+    torch.manual_seed(0)
+    for name, param in policy.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.01)
+    return policy.eval()
+
+
+def rollout(model, prompt_ids, length: int, group: int, seed: int):
+    from grpo_plugin.rollout.generation import generate_groups
+    from grpo_plugin.rollout.noise import KeyedNoise, RolloutKey
+    from grpo_plugin.rollout.types import GenerationRequest, SamplingParams
+
+    noise = KeyedNoise.for_prompts(RolloutKey(seed, 0), range(len(prompt_ids)), group, length)
+    never = model.config.vocab_size + 7  # an end-of-sequence id no row samples: full length
+    request = GenerationRequest(
+        SamplingParams(max_new_tokens=length, temperature=0.7), group, (never,), 0, noise=noise
+    )
+    start = time.perf_counter()
+    batch = generate_groups(model, prompt_ids, request)
+    return time.perf_counter() - start, batch.completion_ids
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--length", type=int, nargs="+", default=[24, 256])
+    p.add_argument("--group", type=int, default=8)
+    p.add_argument("--prompts", type=int, default=2)
+    p.add_argument("--precisions", nargs="+", default=["policy", "bf16", "int8"])
+    p.add_argument("--adapter", default=None)
+    p.add_argument("--out", default=None)
+    opts = p.parse_args()
+    from transformers import AutoTokenizer
+
+    from grpo_plugin.app.data import arithmetic_dataset
+    from grpo_plugin.models import embedded_cache_path
+    from grpo_plugin.rollout.prompts import encode_prompts
+    from grpo_plugin.training.sampling.rollout_copy import RolloutCopy
+
+    policy = build_policy(opts.adapter)
+    tokenizer = AutoTokenizer.from_pretrained(str(embedded_cache_path()))
+    rows = arithmetic_dataset(n_train=opts.prompts, n_eval=1, seed=0)[0]
+    prompt_ids = encode_prompts(tokenizer, list(rows["prompt"]))
+    models, refresh = {"policy": policy}, {}
+    for name in opts.precisions:
+        if name != "policy":
+            copy = RolloutCopy(name)
+            copy.refresh(policy, 0)
+            start = time.perf_counter()
+            models[name] = copy.refresh(policy, 1)  # a refresh as after an optimizer step
+            refresh[name] = time.perf_counter() - start
+    report = {"cpu": cpu_name(), "threads": torch.get_num_threads()}
+    for length in opts.length:
+        rollout(policy, prompt_ids, length, opts.group, 0)  # warm-up
+        seconds = {n: [] for n in opts.precisions}
+        differ = {n: [] for n in opts.precisions}
+        for r in range(opts.rounds):
+            order = (
+                opts.precisions[r % len(opts.precisions) :]
+                + opts.precisions[: r % len(opts.precisions)]
+            )
+            tokens = {}
+            for name in order:
+                s, tokens[name] = rollout(models[name], prompt_ids, length, opts.group, r + 1)
+                seconds[name].append(s)
+            for name in opts.precisions:
+                differ[name].append((tokens[name] != tokens["policy"]).float().mean().item())
+        base = statistics.median(seconds["policy"])
+        n_tokens = length * opts.group * opts.prompts
+        report[f"length_{length}"] = {
+            name: {
+                "generate_s": round(statistics.median(seconds[name]), 3),
+                "vs_policy": round(statistics.median(seconds[name]) / base, 3),
+                "tokens_per_s": round(n_tokens / statistics.median(seconds[name]), 1),
+                "refresh_s": round(refresh.get(name, 0.0), 3),
+                "tokens_differing": round(statistics.mean(differ[name]), 3),
+            }
+            for name in opts.precisions
+        }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if opts.out:
+        with open(opts.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""A cheaper copy of the policy that samples the training rollouts (`rollout_precision`).
+
+Decoding reads every weight once per token, so on a CPU (and for small batches on a GPU) it is
+bound by memory bandwidth: a copy with half the bytes per weight decodes faster. The copy is a
+plain transformers model with the LoRA adapter merged in (no adapter matmuls per token either):
+
+- 'bf16': every weight in bfloat16;
+- 'int8': the linear layers as torch's dynamic-quantized int8 layers (per-output-channel
+  symmetric weights, float32 activations), the rest in float32.
+
+It is built once, on the first rollout, and never trained or written back. Before each rollout
+whose policy has changed (a new optimizer step) the weights that training moves are copied in:
+for LoRA, each adapted layer's W + (alpha / r) B A (peft's own `get_delta_weight`); for full
+fine-tuning, every trainable parameter. Frozen weights were cast once and stay. Its samples come
+from a slightly different distribution than the policy's; `core/sampling_correction.py` weighs
+the loss for it, and evaluation never uses the copy.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..._compat import cpu_has_bf16_units, int8_linear, set_int8_weight
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Link:
+    """One tensor of the copy that training moves: where its value comes from in the policy."""
+
+    read: Callable[[], torch.Tensor]  # the policy's current value (merged for LoRA layers)
+    module: torch.nn.Module  # the copy's module that holds it
+    name: str  # its parameter name there
+
+    def write(self) -> None:
+        value = self.read()
+        if getattr(self.module, "int8_weight", False):  # an int8 layer: quantize it again
+            set_int8_weight(self.module, **{self.name: value})
+        else:
+            getattr(self.module, self.name).copy_(value)  # casts to the copy's dtype
+
+
+class RolloutCopy:
+    """The rollout copy of one policy: `refresh(policy, version)` returns the model to sample
+    from, holding the policy's current weights (copied in only when `version` changed)."""
+
+    def __init__(self, precision: str) -> None:
+        if precision not in ("bf16", "int8"):
+            raise ValueError(f"rollout_precision={precision!r}: a copy is 'bf16' or 'int8'.")
+        self.precision = precision
+        self.model: torch.nn.Module | None = None
+        self._links: list[_Link] = []
+        self._version: object = None
+
+    @torch.no_grad()
+    def refresh(self, policy: torch.nn.Module, version: object) -> torch.nn.Module:
+        if self.model is None:
+            check_copyable(policy, self.precision)
+            self.model, self._links = _build(policy, self.precision)
+            self._version = None
+        if version != self._version:
+            for link in self._links:
+                link.write()
+            self._version = version
+        return self.model
+
+
+def _is_4bit(policy: torch.nn.Module) -> bool:
+    return any("4bit" in type(m).__name__ for m in policy.modules())
+
+
+def resolve_precision(precision: str, policy: torch.nn.Module) -> str:
+    """`rollout_precision` as this machine runs it: 'auto' becomes 'bf16' where bf16 is native
+    (a GPU with bf16, a CPU with AVX512-BF16/AMX), 'int8' on any other CPU, and 'policy' where a
+    copy would gain nothing (a 4-bit base, or a bf16 policy on bf16 hardware)."""
+    if precision != "auto":
+        return precision
+    param = next(policy.parameters())
+    if param.device.type == "cpu":
+        native_bf16 = bool(cpu_has_bf16_units())
+    else:
+        native_bf16 = param.device.type == "cuda" and torch.cuda.is_bf16_supported()
+    if _is_4bit(policy) or (native_bf16 and param.dtype == torch.bfloat16):
+        chosen = "policy"
+    elif native_bf16:
+        chosen = "bf16"
+    else:
+        chosen = "int8" if param.device.type == "cpu" else "policy"
+    logger.info("rollout_precision='auto' on %s: %r", param.device.type, chosen)
+    return chosen
+
+
+def check_copyable(policy: torch.nn.Module, precision: str) -> None:
+    """One line when `policy` cannot have a `precision` copy (a 4-bit base decodes from 4-bit
+    weights already; a bf16 policy gains nothing from a bf16 copy; torch's int8 layers run on a
+    CPU only), and a warning where a bf16 copy is emulated (slower than the policy)."""
+    if _is_4bit(policy):
+        raise ValueError(
+            f"rollout_precision={precision!r} with a 4-bit (QLoRA) base: it already decodes "
+            "from 4-bit weights; use rollout_precision='policy'."
+        )
+    param = next(policy.parameters())
+    if precision == "bf16" and param.dtype == torch.bfloat16:
+        raise ValueError(
+            "rollout_precision='bf16' with weights already in bfloat16: the copy would be the "
+            "policy; use rollout_precision='policy'."
+        )
+    if precision == "int8" and param.device.type != "cpu":
+        raise ValueError(
+            f"rollout_precision='int8' with the policy on {param.device.type}: torch's int8 "
+            "layers run on a CPU only; use rollout_precision='bf16' (or 'auto')."
+        )
+    if precision == "bf16" and param.device.type == "cpu" and cpu_has_bf16_units() is False:
+        logger.warning(
+            "rollout_precision='bf16' on a CPU without AVX512-BF16 or AMX: bf16 is emulated "
+            "there and decodes slower than float32 (1.6-1.9x on a 2-core AMD EPYC, "
+            "benchmarks/rollout_precision.py); use rollout_precision='int8' (or 'auto')."
+        )
+
+
+def _build(policy: torch.nn.Module, precision: str) -> tuple[torch.nn.Module, list[_Link]]:
+    """The merged copy and the links that refresh it from `policy`."""
+    is_peft = callable(getattr(policy, "merge_and_unload", None))
+    merged = copy.deepcopy(policy)
+    merged = merged.merge_and_unload() if is_peft else merged
+    merged.requires_grad_(False).eval()
+    links = _peft_links(policy, merged) if is_peft else _full_links(policy, merged)
+    if precision == "bf16":
+        merged.to(torch.bfloat16)
+    else:
+        _swap_linears_for_int8(merged, links)
+    logger.info("Rollout copy in %s built (%d tensors refreshed per update)", precision, len(links))
+    return merged, links
+
+
+def _owner(root: torch.nn.Module, dotted: str) -> tuple[torch.nn.Module, str]:
+    path, _, leaf = dotted.rpartition(".")
+    return (root.get_submodule(path) if path else root), leaf
+
+
+def _full_links(policy: torch.nn.Module, merged: torch.nn.Module) -> list[_Link]:
+    """Full fine-tuning: every trainable parameter, by name."""
+    links = []
+    for name, param in policy.named_parameters():
+        if param.requires_grad:
+            links.append(_Link(param.detach, *_owner(merged, name)))
+    return links
+
+
+def _peft_links(policy: torch.nn.Module, merged: torch.nn.Module) -> list[_Link]:
+    """LoRA: each adapted layer's merged weight, and the modules peft trains in full
+    (`modules_to_save`), from the PeftModel's names to the merged model's."""
+    prefix = "base_model.model."
+    links = []
+    for name, module in policy.named_modules():
+        target = name[len(prefix) :] if name.startswith(prefix) else name
+        if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):
+            links.append(_Link(_merged_weight(module), merged.get_submodule(target), "weight"))
+        elif type(module).__name__ == "ModulesToSaveWrapper":
+            trained = module.modules_to_save[module.active_adapters[0]]
+            for pname, param in trained.named_parameters():
+                owner, leaf = _owner(merged.get_submodule(target), pname)
+                links.append(_Link(param.detach, owner, leaf))
+    return links
+
+
+def _merged_weight(layer: torch.nn.Module) -> Callable[[], torch.Tensor]:
+    """W + the active adapters' deltas, as peft's own merge computes them."""
+
+    def read() -> torch.Tensor:
+        weight = layer.base_layer.weight.detach()
+        for adapter in layer.active_adapters:
+            if adapter in layer.lora_A or adapter in getattr(layer, "lora_embedding_A", {}):
+                weight = weight + layer.get_delta_weight(adapter).to(weight.dtype)
+        return weight
+
+    return read
+
+
+def _swap_linears_for_int8(merged: torch.nn.Module, links: list[_Link]) -> None:
+    """Every `nn.Linear` of the copy becomes an int8 layer; links to it follow, and a layer whose
+    weight was tied to a linked tensor (the LM head to the embedding) gets a link of its own."""
+    by_storage = {getattr(x.module, x.name).data_ptr(): x for x in links}
+    for name, module in list(merged.named_modules()):
+        if type(module) is not torch.nn.Linear:
+            continue
+        owner, leaf = _owner(merged, name)
+        int8 = int8_linear(module)
+        setattr(owner, leaf, int8)
+        for link in links:
+            if link.module is module:
+                link.module = int8
+        tied = by_storage.get(module.weight.data_ptr())
+        if tied is not None and tied.module is not int8:
+            links.append(_Link(tied.read, int8, "weight"))

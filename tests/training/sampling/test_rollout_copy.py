@@ -1,0 +1,142 @@
+"""The cheaper rollout copy (`training/sampling/rollout_copy.py`) and the sampling correction in
+training (`rollout_precision`, `sampling_correction`)."""
+
+import pytest
+import torch
+from peft import get_peft_model
+
+from grpo_plugin.training.sampling import rollout_copy as copy_module
+from grpo_plugin.training.sampling.rollout_copy import (
+    RolloutCopy,
+    check_copyable,
+    resolve_precision,
+)
+from tests.conftest import make_tiny_model, make_trainer, tiny_lora
+
+
+def _lora_policy(tokenizer):
+    model = get_peft_model(make_tiny_model(tokenizer), tiny_lora())
+    for name, param in model.named_parameters():
+        if "lora_B" in name:  # peft starts B at 0: give the adapter a visible delta
+            torch.nn.init.normal_(param, std=0.5)
+    return model
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits.float()
+
+
+@pytest.mark.parametrize("precision, tolerance", [("bf16", 0.05), ("int8", 0.05)])
+def test_the_copy_computes_the_merged_policy_and_follows_its_updates(
+    tiny_tokenizer, precision, tolerance
+):
+    policy, ids = _lora_policy(tiny_tokenizer), torch.tensor([[5, 6, 7, 8, 9]])
+    rollout_copy = RolloutCopy(precision)
+    model = rollout_copy.refresh(policy, version=0)
+    assert not any(p.requires_grad for p in model.parameters())
+    gap = (_logits(model, ids) - _logits(policy, ids)).abs().max().item()
+    assert 0 < gap < tolerance  # close to the policy, yet not the policy (a lower precision)
+    with torch.no_grad():
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                param.mul_(-1.0)  # "an optimizer step": the adapter's delta flips sign
+    assert rollout_copy.refresh(policy, version=0) is model  # same version: no refresh
+    stale = (_logits(model, ids) - _logits(policy, ids)).abs().max().item()
+    assert stale > 5 * gap  # the old weights: far off
+    rollout_copy.refresh(policy, version=1)
+    fresh = (_logits(model, ids) - _logits(policy, ids)).abs().max().item()
+    assert fresh < tolerance
+
+
+def test_an_int8_copy_of_a_fully_trained_tied_model_refreshes_the_lm_head(tiny_tokenizer):
+    policy = make_tiny_model(tiny_tokenizer)
+    policy.lm_head.weight = policy.model.embed_tokens.weight  # tied, as SmolLM2's
+    ids = torch.tensor([[5, 6, 7]])
+    rollout_copy = RolloutCopy("int8")
+    model = rollout_copy.refresh(policy, version=0)
+    with torch.no_grad():
+        policy.model.embed_tokens.weight.mul_(3.0)
+    rollout_copy.refresh(policy, version=1)
+    gap = (_logits(model, ids) - _logits(policy, ids)).abs().max().item()
+    assert gap < 0.05 * _logits(policy, ids).abs().max().item()
+
+
+def test_a_bf16_policy_is_refused_in_one_line(tiny_tokenizer):
+    with pytest.raises(ValueError, match="already in bfloat16: the copy would be the policy"):
+        check_copyable(make_tiny_model(tiny_tokenizer).to(torch.bfloat16), "bf16")
+
+
+@pytest.mark.parametrize(
+    "bf16_units, dtype, expected",
+    [(True, torch.float32, "bf16"), (False, torch.float32, "int8"), (None, torch.float32, "int8"),
+     (True, torch.bfloat16, "policy"), (False, torch.bfloat16, "int8")],
+)  # fmt: skip
+def test_auto_picks_the_copy_this_cpu_runs_fast(
+    tiny_tokenizer, monkeypatch, bf16_units, dtype, expected
+):
+    monkeypatch.setattr(copy_module, "cpu_has_bf16_units", lambda: bf16_units)
+    policy = make_tiny_model(tiny_tokenizer).to(dtype)
+    assert resolve_precision("auto", policy) == expected
+    assert resolve_precision("int8", policy) == "int8"  # a named precision is kept as named
+
+
+def test_a_bf16_copy_on_a_cpu_without_bf16_units_warns_and_names_int8(
+    tiny_tokenizer, monkeypatch, caplog
+):
+    policy = make_tiny_model(tiny_tokenizer)
+    for units, warned in [(True, False), (False, True)]:
+        monkeypatch.setattr(copy_module, "cpu_has_bf16_units", lambda units=units: units)
+        caplog.clear()
+        check_copyable(policy, "bf16")
+        said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert bool(said) is warned
+    assert "use rollout_precision='int8' (or 'auto')" in said[0]
+
+
+def test_an_auto_run_on_a_cpu_without_bf16_units_samples_from_an_int8_copy(
+    tiny_tokenizer, tmp_path, monkeypatch, caplog
+):
+    monkeypatch.setattr(copy_module, "cpu_has_bf16_units", lambda: False)
+    caplog.set_level("INFO", logger=copy_module.__name__)
+    trainer = _trained(tiny_tokenizer, tmp_path, rollout_precision="auto")
+    said = [r.getMessage() for r in caplog.records if r.name == copy_module.__name__]
+    assert "rollout_precision='auto' on cpu: 'int8'" in said
+    assert any(m.startswith("Rollout copy in int8 built") for m in said)
+    assert any("sampling/importance_sampling_ratio/mean" in e for e in trainer.state.log_history)
+
+
+def _trained(tokenizer, tmp_path, **overrides):
+    trainer = make_trainer(tokenizer, tmp_path, peft=tiny_lora(), max_steps=2, **overrides)
+    trainer.train()
+    return trainer
+
+
+def _lora_state(trainer):
+    return {k: v.clone() for k, v in trainer.model.named_parameters() if "lora_" in k}
+
+
+def test_training_from_a_bf16_copy_logs_the_mismatch(tiny_tokenizer, tmp_path):
+    trainer = _trained(tiny_tokenizer, tmp_path, rollout_precision="bf16")
+    rows = [r for r in trainer.state.log_history if "sampling/importance_sampling_ratio/mean" in r]
+    assert len(rows) == 2
+    for row in rows:
+        assert 0 < row["sampling/sampling_logp_difference/mean"] < 0.05
+        assert 0.9 < row["sampling/importance_sampling_ratio/mean"] < 1.1
+        assert row["sampling/importance_sampling_bounded"] == 0.0
+    plain = _trained(tiny_tokenizer, tmp_path / "plain")
+    assert not any(k.startswith("sampling/") for r in plain.state.log_history for k in r)
+
+
+def test_the_correction_weighs_the_loss(tiny_tokenizer, tmp_path):
+    # clip_max far below every ratio: token_mask zeroes every token, so nothing is learned.
+    before = _lora_state(make_trainer(tiny_tokenizer, tmp_path / "x", peft=tiny_lora()))
+    masked = _trained(tiny_tokenizer, tmp_path / "m", rollout_precision="bf16",
+                      sampling_correction_mode="token_mask", sampling_correction_clip_max=1e-6)  # fmt: skip
+    assert all(torch.equal(before[k], v) for k, v in _lora_state(masked).items())
+    rows = [r for r in masked.state.log_history if "sampling/importance_sampling_bounded" in r]
+    assert [r["sampling/importance_sampling_bounded"] for r in rows] == [1.0, 1.0]
+    # the same with the correction off: only logged, and the adapter moves
+    free = _trained(tiny_tokenizer, tmp_path / "f", rollout_precision="bf16",
+                    sampling_correction=False, sampling_correction_clip_max=1e-6)  # fmt: skip
+    assert any(not torch.equal(before[k], v) for k, v in _lora_state(free).items())
