@@ -326,3 +326,37 @@ def test_moe_aux_loss_is_the_models_own_load_balancing_loss():
     assert grad.abs().sum() > 0  # the router learns from it
     plain = completion_logprobs(model, *batch).logps
     assert torch.allclose(logps, plain, atol=1e-5)
+
+
+def test_tool_rollouts_share_the_prompt_in_the_training_forward_exactly(tiny_model):
+    """A tool exchange: 0s in `score_mask` on the tool results inside each completion. The prompt
+    is still encoded once per group, with the plain forward's log-probs and grads (issue 28)."""
+    model = _lora(tiny_model).train()
+    prompts, prompt_mask, completions, completion_mask = _group_batch((8, 5), width=9)
+    score_mask = completion_mask.clone()
+    score_mask[:, 3:6] = 0  # a tool result, then the model's answer after it
+    batch = (prompts, prompt_mask, completions, completion_mask)
+    calls = []
+    body = model.get_base_model().model
+    hook = body.register_forward_pre_hook(
+        lambda module, args, kwargs: calls.append(tuple(kwargs["input_ids"].shape)),
+        with_kwargs=True,
+    )
+
+    def run(share):
+        model.zero_grad()
+        logps = completion_logprobs(model, *batch, chunk_size=5, group_size=GROUP,
+                                    share_prompt_prefix=share, score_mask=score_mask).logps  # fmt: skip
+        (logps * torch.linspace(0.5, 1.5, logps.numel()).view_as(logps)).sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+        return logps.detach(), grads
+
+    plain_logps, plain_grads = run(False)
+    shared_logps, shared_grads = run(True)
+    hook.remove()
+    rows = 2 * GROUP
+    assert calls == [(rows, 8 + 9), (2, 7), (rows, 9)]  # plain; 2 prefixes once; N suffixes
+    assert torch.all(shared_logps[:, 3:6] == 0) and torch.all(plain_logps[:, 3:6] == 0)
+    scale = plain_logps.abs().max()
+    assert (shared_logps - plain_logps).abs().max() / scale < 1e-5
+    _assert_grads_close(plain_grads, shared_grads, rel=1e-5)

@@ -66,6 +66,29 @@ def test_a_training_step_trains_only_the_sampled_tokens(tiny_tokenizer, tmp_path
     assert [m["role"] for m in exchange] == ["assistant", "tool", "assistant"]
 
 
+def test_the_training_forward_of_a_tool_rollout_encodes_each_prompt_once(tiny_tokenizer, tmp_path):
+    trainer = tool_trainer(tiny_tokenizer, tmp_path)
+    batches = []
+    original = trainer._training_batch
+    trainer._training_batch = lambda rollout: batches.append(original(rollout)) or batches[-1]
+    trainer.train()
+    batch, model = batches[0], trainer.model
+    calls = []
+    body = model.get_base_model().model if hasattr(model, "get_base_model") else model.model
+    hook = body.register_forward_pre_hook(
+        lambda module, args, kwargs: calls.append(tuple(kwargs["input_ids"].shape)),
+        with_kwargs=True,
+    )
+    with torch.no_grad():
+        shared = trainer._policy_logps(model, batch, False, False, sharing=(4, True)).logps
+        plain = trainer._policy_logps(model, batch, False, False, sharing=(4, False)).logps
+    hook.remove()
+    prompt_width = batch.prompt_ids.shape[1]
+    assert calls[0] == (2, prompt_width - 1)  # the 2 distinct prompts, once each
+    assert calls[1][0] == 8 and calls[2] == (8, prompt_width + batch.completion_ids.shape[1])
+    assert (shared - plain).abs().max() / plain.abs().max() < 1e-5
+
+
 class Counter:
     """An environment: a counter the model can add to; it pays when the count hits the target."""
 
