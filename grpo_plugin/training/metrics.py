@@ -157,15 +157,18 @@ class ZeroStdWatch:
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.streak = state["streak"]
 
-    def update(self, frac_zero_std: float, speak: bool = True) -> None:
-        self.streak = self.streak + 1 if frac_zero_std >= 1.0 else 0
+    def update(self, metrics: dict[str, float], speak: bool = True) -> None:
+        """One rollout's reward metrics (`frac_reward_zero_std`, and `reward`, its mean)."""
+        self.streak = self.streak + 1 if metrics["frac_reward_zero_std"] >= 1.0 else 0
         if self.streak == self.patience and speak:
             logger.warning(
-                "For %d rollouts in a row every group's G rewards were identical, so every "
-                "advantage and the policy loss are 0 and nothing is learned. The task is too hard "
-                "or too easy for the model: raise num_generations or temperature, use an easier "
-                "or partial-credit reward, or enable dynamic_sampling.",
+                "For %d rollouts in a row every group's G rewards were identical (mean reward "
+                "%.3g in the last one), so every advantage and the policy loss are 0 and nothing "
+                "is learned. If that is the reward's best value the task is solved: stop, or give "
+                "harder prompts; if its worst, the task is too hard: raise num_generations or "
+                "temperature, use an easier or partial-credit reward, or enable dynamic_sampling.",
                 self.streak,
+                metrics.get("reward", float("nan")),
             )
 
 

@@ -121,7 +121,7 @@ class GRPOTrainer(TRLAttributes, Trainer):
         self.ref_model = build_reference(model, args.beta)
         self.tool_setup = tool_inputs.setup(processing_class, args)  # the template is checked
         self.tools, self.rollout_func = [t.fn for t in tool_inputs.tools], rollout_func
-        self._sampler = RolloutSampler(self, self.tool_setup, rollout_func)
+        self._sampler = RolloutSampler(self, self.tool_setup, rollout_func, args, model)
         super().__init__(
             model=model,
             args=args,
@@ -254,9 +254,7 @@ class GRPOTrainer(TRLAttributes, Trainer):
             self.state.num_input_tokens_seen + rollout_tokens(rollout)
         )  # TRL's
         self._metrics.update(metrics)
-        self.run_state.zero_std.update(
-            metrics["frac_reward_zero_std"], self.is_world_process_zero()
-        )
+        self.run_state.zero_std.update(metrics, self.is_world_process_zero())
 
     def _refill(self, rollout: Rollout) -> Rollout:
         a, rounds = self.args, iter(range(1, self.args.max_resample_rounds + 1))
