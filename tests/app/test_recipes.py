@@ -58,7 +58,8 @@ def test_arithmetic_is_the_demo_the_issue_asks_for():
     args, c = recipe.args, recipe.config
     assert args.model == "embedded:smollm2-135m-instruct"
     assert args.lora["r"] == 16 and args.lora["target_modules"] == "all-linear"
-    assert c.num_generations == 8
+    assert (c.num_generations, c.per_device_train_batch_size) == (4, 16)  # 4 prompts a step
+    assert c.lr_scheduler_type == "cosine" and c.epsilon_high == pytest.approx(0.28)
     assert args.reward_funcs == ["last_integer"]
     train, held_out = load_prompt_datasets(args.dataset)
     assert len(train) == 64 and len(held_out) >= 64
