@@ -25,15 +25,15 @@ from pathlib import Path
 
 
 def held_out(run_dir: Path):
-    """The run's held-out rows, its first reward function and its completion budget."""
-    from grpo_plugin.app.data import load_prompt_datasets
+    """The run's held-out test rows (never its validation rows), its first reward function and
+    its completion budget."""
     from grpo_plugin.app.recipe import load_recipe
     from grpo_plugin.app.recipe_checks import check_recipe
+    from grpo_plugin.app.splits import load_splits
 
     recipe = load_recipe(run_dir / "recipe.yaml")
     reward = check_recipe(recipe)[0]
-    _, rows = load_prompt_datasets(recipe.args.dataset)
-    return rows, reward, recipe.config.max_completion_length
+    return load_splits(recipe.args.dataset).test, reward, recipe.config.max_completion_length
 
 
 def accuracy(reward, rows, completions: list[str]) -> float:

@@ -1,16 +1,17 @@
 """The rollout copy on its own (issue 28): generation time of the same rollout sampled by the
-float32 policy, a bf16 copy and an int8 copy, side by side in one process, in alternating order.
+float32 policy, a bf16 copy and an fp16-weight copy, side by side in one process, in alternating order.
 
     python benchmarks/rollout_precision.py [--rounds 5] [--length 24 256] [--group 8] [--prompts 2]
-        [--precisions policy bf16 int8] [--adapter RUN_DIR] [--out FILE]
+        [--precisions policy bf16 fp16] [--adapter RUN_DIR] [--out FILE]
 
 The policy is the embedded SmolLM2-135M-Instruct with a LoRA r=16 adapter on every linear layer
 (the demo's; `--adapter` loads a trained one, else B is drawn at random so the adapter changes
 the outputs). Each round samples the same prompts and draws once per precision (order rotated
 each round); `--length` rows decode exactly that many tokens (no end of sequence). Reported per
 precision and length: the median generate seconds and their ratio to the policy's, tokens/s,
-the copy's refresh seconds (what it costs per optimizer step), and the share of sampled tokens
-that differ from the policy's with the same draws.
+the copy's refresh seconds (what it costs per optimizer step), the share of sampled tokens
+that differ from the policy's with the same draws, and the log-prob gap: mean and max
+|log pi_policy - log pi_copy| over one policy rollout's tokens, teacher forced.
 """
 
 from __future__ import annotations
@@ -62,13 +63,29 @@ def rollout(model, prompt_ids, length: int, group: int, seed: int):
     return time.perf_counter() - start, batch.completion_ids
 
 
+def logprob_gap(policy, model, prompt_ids, completion_ids) -> dict[str, float]:
+    """Mean and max |log pi_policy - log pi_copy| over the policy's own sampled tokens (teacher
+    forced, temperature 1): what the correction's `sampling/sampling_logp_difference` reads."""
+    gaps = []
+    with torch.no_grad():
+        for p, row in zip(
+            prompt_ids, completion_ids.view(len(prompt_ids), -1, completion_ids.shape[-1])
+        ):
+            ids = torch.cat([torch.tensor(p).expand(len(row), -1), row], dim=1)
+            logps = [m(input_ids=ids).logits.float().log_softmax(-1) for m in (policy, model)]
+            picked = [lp[:, len(p) - 1 : -1].gather(2, row.unsqueeze(-1)) for lp in logps]
+            gaps.append((picked[0] - picked[1]).abs().flatten())
+    gap = torch.cat(gaps)
+    return {"mean": round(gap.mean().item(), 4), "max": round(gap.max().item(), 3)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--length", type=int, nargs="+", default=[24, 256])
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--prompts", type=int, default=2)
-    p.add_argument("--precisions", nargs="+", default=["policy", "bf16", "int8"])
+    p.add_argument("--precisions", nargs="+", default=["policy", "bf16", "fp16"])
     p.add_argument("--adapter", default=None)
     p.add_argument("--out", default=None)
     opts = p.parse_args()
@@ -96,6 +113,8 @@ def main() -> None:
         rollout(policy, prompt_ids, length, opts.group, 0)  # warm-up
         seconds = {n: [] for n in opts.precisions}
         differ = {n: [] for n in opts.precisions}
+        _, drawn = rollout(policy, prompt_ids, length, opts.group, 0)
+        gaps = {n: logprob_gap(policy, models[n], prompt_ids, drawn) for n in opts.precisions}
         for r in range(opts.rounds):
             order = (
                 opts.precisions[r % len(opts.precisions) :]
@@ -116,6 +135,7 @@ def main() -> None:
                 "tokens_per_s": round(n_tokens / statistics.median(seconds[name]), 1),
                 "refresh_s": round(refresh.get(name, 0.0), 3),
                 "tokens_differing": round(statistics.mean(differ[name]), 3),
+                "logprob_gap": gaps[name],
             }
             for name in opts.precisions
         }

@@ -313,8 +313,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="rows per micro-batch for both (accumulation makes up the step)")  # fmt: skip
     p.add_argument("--ours-auto-batch", action="store_true",
                    help="ours: auto_find_batch_size=True (the autopilot picks its split)")  # fmt: skip
-    p.add_argument("--ours-rollout-precision", default="policy", choices=["policy", "bf16", "int8"],
-                   help="ours: rollout_precision (a bf16 / int8 rollout copy, corrected)")  # fmt: skip
+    p.add_argument("--ours-rollout-precision", default="policy", choices=["policy", "auto", "bf16", "fp16"],
+                   help="ours: rollout_precision (a bf16 / fp16 rollout copy, corrected)")  # fmt: skip
     p.add_argument("--ours-src", default=None,
                    help="ours from this checkout's grpo_plugin (e.g. a git worktree): before/after")  # fmt: skip
     p.add_argument("--fixed-length", action="store_true",

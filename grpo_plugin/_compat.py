@@ -18,7 +18,7 @@ library internals: it calls these helpers.
 | `fsdp2_parameters_held`             | torch 2.13 FSDP2 has no public "unshard and keep until I say" API (private `_get_fsdp_state`, `_lazy_init`, `post_forward_mesh_info`) | FSDP2 exposes one |
 | `release_process_group`             | torch 2.13 gloo: a process group left to interpreter shutdown sometimes aborts a process that finished its work (SIGABRT, "terminate called without an active exception"; seen in ~2 of 13 two-process test runs, and once in CI after `destroy_process_group` alone: a finished trainer's DDP wrapper, kept by a reference cycle, still held the group) | torch destroys it cleanly at exit |
 | `cpu_has_bf16_units`                | torch 2.13 tells a CPU's AVX512-BF16 / AMX only through private `torch.cpu._is_*_supported` | torch exposes CPU features publicly |
-| `int8_linear`, `set_int8_weight`   | torch 2.13 has int8 weight-only linear layers on CPU only in the deprecated `torch.ao` dynamic quantization (quantized tensors warn that they will be removed; the codes are wrapped with the private `_make_per_channel_quantized_tensor`) | torch has a supported int8 weight-only linear on CPU |
+| `fp16_weight_linear`, `set_fp16_weight` | torch 2.13 has a float16-weight linear with float32 compute on CPU (fbgemm) only in the deprecated `torch.ao` dynamic quantization, which warns on every layer | torch has a supported half-weight linear on CPU |
 | `moe_router_config`, `moe_load_balancing_loss` | transformers 5.x MoE models keep the load-balancing loss in each modeling module and the expert counts on the `ForCausalLM` | transformers exposes one public aux-loss API |
 
 Private `transformers.Trainer` methods the trainer overrides (in `training/trainer.py`, the logic in
@@ -262,40 +262,31 @@ def cpu_has_bf16_units() -> bool | None:
 
 
 @contextmanager
-def _quantized_tensors_quiet() -> Iterator[None]:
-    """torch 2.13 warns on every quantized tensor it creates (`torch.ao` is deprecated)."""
+def _ao_quiet() -> Iterator[None]:
+    """torch 2.13 warns that `torch.ao` quantization is deprecated, on every layer it builds."""
     import warnings
 
     with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*torch.ao.*")
         warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
         yield
 
 
-def _quantize_per_row(weight: torch.Tensor) -> torch.Tensor:
-    """`(O, I)` float weight -> a per-output-channel symmetric qint8 tensor (scale max|w| / 127).
-    Rounded by hand: 4x faster here than `torch.quantize_per_channel`, the same values."""
-    weight = weight.detach().float()
-    scales = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # (O,)
-    codes = (weight / scales[:, None]).round_().clamp_(-127, 127).to(torch.int8)  # (O, I)
-    zeros = torch.zeros(weight.shape[0], dtype=torch.long)
-    with _quantized_tensors_quiet():
-        return torch._make_per_channel_quantized_tensor(codes, scales.double(), zeros, 0)
+def fp16_weight_linear(linear: torch.nn.Linear) -> torch.nn.Module:
+    """A copy of `linear` whose weight is stored in float16 (fbgemm's packed fp16 GEMM: float32
+    activations and accumulation, the weight read at half the bytes), marked `fp16_weight`."""
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
-
-def int8_linear(linear: torch.nn.Linear) -> torch.nn.Module:
-    """An int8 weight-only copy of `linear` (float activations), marked `int8_weight`."""
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
-
-    with _quantized_tensors_quiet():
-        layer = DynamicInt8Linear(linear.in_features, linear.out_features, dtype=torch.qint8)
-    bias = None if linear.bias is None else linear.bias.detach().float()
-    layer.set_weight_bias(_quantize_per_row(linear.weight), bias)
-    layer.int8_weight = True
+    with _ao_quiet():
+        layer = DynamicLinear(linear.in_features, linear.out_features, dtype=torch.float16)
+    layer.fp16_weight = True
+    set_fp16_weight(layer, linear.weight, linear.bias)
     return layer
 
 
-def set_int8_weight(layer: torch.nn.Module, weight=None, bias=None) -> None:
-    """Quantize `weight` into an `int8_linear` layer and/or set its `bias` (None: keep it)."""
-    packed = layer.weight() if weight is None else _quantize_per_row(weight)
+def set_fp16_weight(layer: torch.nn.Module, weight=None, bias=None) -> None:
+    """Pack `weight` into an `fp16_weight_linear` layer and/or set its `bias` (None: keep it)."""
+    weight = layer.weight() if weight is None else weight.detach().float()
     bias = layer.bias() if bias is None else bias.detach().float()
-    layer.set_weight_bias(packed, bias)
+    with _ao_quiet():
+        layer.set_weight_bias(weight, bias)

@@ -29,7 +29,7 @@ SCALE_REWARDS = ("group", "batch", "none")
 MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 # generation_kwargs our sampler honours; a key naming a GRPOConfig field overrides it (as in TRL).
 SAMPLER_KWARGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-ROLLOUT_PRECISIONS = ("policy", "auto", "bf16", "int8")
+ROLLOUT_PRECISIONS = ("policy", "auto", "bf16", "fp16")
 
 
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:

@@ -256,10 +256,10 @@ class GRPOConfig(TrainingArguments):
         "The weights the training rollouts are sampled from. 'policy': the trained model itself "
         "(exact). 'bf16': a bfloat16 copy, merged with the LoRA adapter and refreshed from the "
         "policy before each rollout; it reads half the bytes per decoded token (for CPUs with "
-        "AVX512-BF16/AMX, and GPUs). 'int8': a copy whose linear layers hold int8 weights "
-        "(per-channel, weight-only; for CPUs without bf16 units; CPU only). 'auto': 'bf16' where "
-        "bf16 is native, 'int8' on other CPUs, 'policy' where a copy gains nothing (a 4-bit "
-        "base). A copy samples from a slightly "
+        "AVX512-BF16/AMX, and GPUs). 'fp16': a copy whose linear layers hold float16 weights and "
+        "compute in float32 (for CPUs without bf16 units; CPU only). 'auto': 'bf16' where bf16 "
+        "is native, 'fp16' on other CPUs, 'policy' where a copy gains nothing (a 4-bit base). "
+        "A copy samples from a slightly "
         "different distribution: `sampling_correction` corrects the loss for it and the "
         "`sampling/*` metrics show how far it drifts. Evaluation always uses the policy.",
         "policy",
