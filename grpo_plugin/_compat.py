@@ -280,6 +280,7 @@ def fp16_weight_linear(linear: torch.nn.Linear) -> torch.nn.Module:
     with _ao_quiet():
         layer = DynamicLinear(linear.in_features, linear.out_features, dtype=torch.float16)
     layer.fp16_weight = True
+    layer.fp16_bias = None  # the float32 bias, kept here: reading it back unpacks the weight too
     set_fp16_weight(layer, linear.weight, linear.bias)
     return layer
 
@@ -287,6 +288,7 @@ def fp16_weight_linear(linear: torch.nn.Linear) -> torch.nn.Module:
 def set_fp16_weight(layer: torch.nn.Module, weight=None, bias=None) -> None:
     """Pack `weight` into an `fp16_weight_linear` layer and/or set its `bias` (None: keep it)."""
     weight = layer.weight() if weight is None else weight.detach().float()
-    bias = layer.bias() if bias is None else bias.detach().float()
+    if bias is not None:
+        layer.fp16_bias = bias.detach().float()
     with _ao_quiet():
-        layer.set_weight_bias(weight, bias)
+        layer.set_weight_bias(weight, layer.fp16_bias)

@@ -154,3 +154,18 @@ def test_the_correction_weighs_the_loss(tiny_tokenizer, tmp_path):
     free = _trained(tiny_tokenizer, tmp_path / "f", rollout_precision="bf16",
                     sampling_correction=False, sampling_correction_clip_max=1e-6)  # fmt: skip
     assert any(not torch.equal(before[k], v) for k, v in _lora_state(free).items())
+
+
+def test_an_fp16_layer_keeps_its_bias_when_its_weight_is_packed_again():
+    from grpo_plugin._compat import fp16_weight_linear, set_fp16_weight
+
+    torch.manual_seed(0)
+    linear, x = torch.nn.Linear(8, 4), torch.randn(3, 8)
+    layer = fp16_weight_linear(linear)
+    torch.testing.assert_close(layer(x), linear(x), atol=1e-3, rtol=1e-3)
+    with torch.no_grad():
+        linear.weight.mul_(2.0)
+    set_fp16_weight(layer, weight=linear.weight)  # a refresh moves the weight only
+    torch.testing.assert_close(layer(x), linear(x), atol=1e-3, rtol=1e-3)
+    set_fp16_weight(layer, bias=linear.bias * 0)  # and a bias-only update keeps the weight
+    torch.testing.assert_close(layer(x), x @ linear.weight.T, atol=1e-3, rtol=1e-3)
