@@ -53,17 +53,30 @@ class RolloutSampler:
     def __init__(self, trainer: Any, tool_setup: Any, rollout_func: Any, args, policy) -> None:
         self.trainer, self.tool_setup, self.rollout_func = trainer, tool_setup, rollout_func
         self.copy = None  # the cheaper copy the rollouts are sampled from (`rollout_precision`)
-        precision = resolve_precision(args.rollout_precision, policy)
-        if precision != "policy":
-            check_copyable(policy, precision)  # one line, before any step
+        self._precision = args.rollout_precision  # 'auto' is resolved on the first rollout
+        if self._precision not in ("policy", "auto"):
+            check_copyable(policy, self._precision)  # one line, before any step
+
+    def _rollout_model(self, model):
+        """The model to sample from: the policy, or its copy. The copy's precision is settled on
+        the first rollout, once the Trainer has put the policy on its device (a GPU's policy is
+        still on the CPU while the trainer is built)."""
+        if self._precision != "policy" and self.copy is None:
+            precision = resolve_precision(self._precision, model)
+            if precision == "policy":
+                self._precision = "policy"
+                return model
+            check_copyable(model, precision)
             self.copy = RolloutCopy(precision)
+        if self.copy is None:
+            return model
+        return self.copy.refresh(model, self.trainer.state.global_step)  # new at each step
 
     def sample(self, model, rows: list[dict[str, Any]], noise: SamplingNoise, on_step=None):
         a, tokenizer = self.trainer.args, self.trainer.processing_class
         if self.rollout_func is not None:
             return rollout_from_func(self.rollout_func, rows, self.trainer, a.num_generations)
-        if self.copy is not None:  # the weights change only at an optimizer step
-            model = self.copy.refresh(model, self.trainer.state.global_step)
+        model = self._rollout_model(model)
         settings = group_sampling(a, self.tool_setup, record_logprobs=self.copy is not None)
         return sample_groups(model, tokenizer, rows, settings, noise=noise, on_step=on_step)
 

@@ -113,8 +113,14 @@ def test_an_auto_run_on_a_cpu_without_bf16_units_samples_from_an_fp16_copy(
 ):
     monkeypatch.setattr(copy_module, "cpu_has_bf16_units", lambda: False)
     caplog.set_level("INFO", logger=copy_module.__name__)
-    trainer = _trained(tiny_tokenizer, tmp_path, rollout_precision="auto")
+    trainer = make_trainer(
+        tiny_tokenizer, tmp_path, peft=tiny_lora(), max_steps=2, rollout_precision="auto"
+    )
+    # settled on the first rollout, once the Trainer has put the policy on its device
+    assert not [r for r in caplog.records if r.name == copy_module.__name__]
+    trainer.train()
     said = [r.getMessage() for r in caplog.records if r.name == copy_module.__name__]
+    assert said.count("rollout_precision='auto' on cpu: 'fp16'") == 1
     assert "rollout_precision='auto' on cpu: 'fp16'" in said
     assert any(m.startswith("Rollout copy in fp16 built") for m in said)
     assert any("sampling/importance_sampling_ratio/mean" in e for e in trainer.state.log_history)
