@@ -18,6 +18,9 @@ is recorded and the next one still runs:
              completions: speed and memory only
   6. overlap benchmarks/overlap_scoring.py on the device: `overlap_scoring` on and off with a
              judge that waits 20 ms per completion (on a CPU it does not pay: overlap.py)
+  7. decode  benchmarks/decode_engine.py on the device: the dynamic loop, the static cache and
+             the compiled decode step (`compile_decode`: CUDA graphs there), 16 rows x 128
+             tokens: seconds, compile seconds, tokens that differ
 
 Writes OUT/gpu_check.json (every phase's figures, logs named) and OUT/gpu_check.md (one table).
 `--dry-run` shrinks every phase (steps, prompts, tokens, the big model's width and depth) but
@@ -38,10 +41,12 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-PHASES = ("tests", "demo", "qlora", "vs_trl", "big", "overlap")
+PHASES = ("tests", "demo", "qlora", "vs_trl", "big", "overlap", "decode")
 # Seconds per phase on the GPU (the sum stays under 8 minutes); a dry run on a CPU gets more.
-LIMITS = {"tests": 60, "demo": 100, "qlora": 60, "vs_trl": 120, "big": 100, "overlap": 40}
-DRY_LIMITS = {"tests": 300, "demo": 400, "qlora": 300, "vs_trl": 400, "big": 300, "overlap": 300}
+LIMITS = {"tests": 60, "demo": 90, "qlora": 50, "vs_trl": 110, "big": 80, "overlap": 35,
+          "decode": 55}  # fmt: skip
+DRY_LIMITS = {"tests": 300, "demo": 400, "qlora": 300, "vs_trl": 400, "big": 300, "overlap": 300,
+              "decode": 300}  # fmt: skip
 # Qwen2.5-1.5B's shape (its config.json), with random weights: nothing is downloaded.
 QWEN_1_5B_SHAPE = {
     "hidden_size": 1536,
@@ -217,9 +222,25 @@ def phase_overlap(opts, work: Path) -> dict[str, Any]:
     return {"overlapped_over_after": float(found[1]), "rewards_identical": found[2] == "True"}
 
 
+def phase_decode(opts, work: Path) -> dict[str, Any]:
+    size = ["--length", "8", "--group", "2", "--rounds", "1"] if opts.dry_run else [
+        "--length", "128", "--rounds", "2"]  # fmt: skip
+    out = work / "decode_engine.json"
+    argv = [sys.executable, str(REPO / "benchmarks" / "decode_engine.py"), "--device",
+            opts.device, *size, "--out", str(out)]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True)
+    sys.stderr.write(done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise RuntimeError(f"decode_engine.py exited {done.returncode}")
+    report = json.loads(out.read_text())
+    (length,) = [k for k in report if k.startswith("length_")]
+    return {f"{engine}_{key}": value for engine, figures in report[length].items()
+            for key, value in figures.items()}  # fmt: skip
+
+
 PHASE_FUNCS = {"tests": phase_tests, "demo": phase_demo, "qlora": phase_qlora,
                "vs_trl": phase_vs_trl, "big": lambda o, w: phase_vs_trl(o, w, big=True),
-               "overlap": phase_overlap}  # fmt: skip
+               "overlap": phase_overlap, "decode": phase_decode}  # fmt: skip
 
 
 def run_phase_child(opts) -> None:

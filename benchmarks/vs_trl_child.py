@@ -237,6 +237,8 @@ def build_trainer(opts, dataset, output_dir: str):
         auto = {"auto_find_batch_size": bool(opts.ours_auto_batch)}
         if opts.ours_rollout_precision != "policy":  # not passed to an older checkout's config
             auto["rollout_precision"] = opts.ours_rollout_precision
+        if opts.ours_compile_decode:  # not passed to an older checkout's config
+            auto["compile_decode"] = True
         args = GRPOConfig(**shared, share_prompt_prefix=True, **auto)
     return GRPOTrainer(
         model=opts.model_dir,

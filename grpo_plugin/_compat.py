@@ -11,6 +11,7 @@ library internals: it calls these helpers.
 | `output_cache`                      | the same rename on model outputs      | the same                       |
 | `accepts_logits_to_keep`            | transformers 4.45+ models take `logits_to_keep` (older and some remote-code models do not) | every supported model takes it |
 | `expand_cache`, `can_drop_cache_rows` | caches without `batch_repeat_interleave` / `batch_select_indices` (transformers 5.x: static, hybrid and some remote-code caches) | every cache implements both |
+| `static_cache_from`                 | transformers 5.23-5.25 builds a `StaticCache` only empty (its layers allocate on the first `update`), so a prefilled dynamic cache is copied in through `update`, layer by layer; refused (None) for sliding-window or hybrid layers | transformers converts a dynamic cache to a static one |
 | `gradient_checkpointing_active`     | transformers 5.x renamed `is_gradient_checkpointing` to `is_activation_checkpointing` | the old name is removed (v6) |
 | `unwrap_peft`                       | peft 0.21 `PeftModel` wraps the transformers model | -- (peft API, kept as one call site) |
 | `generation_default`                | transformers 5.x leaves GenerationConfig fields None and keeps the effective defaults in a private table | transformers exposes its generation defaults publicly |
@@ -186,6 +187,24 @@ def expand_cache(cache, repeats: int) -> bool:
     except (NotImplementedError, ValueError, AttributeError, TypeError):
         return False
     return True
+
+
+def static_cache_from(cache, config, max_cache_len: int):
+    """A transformers `StaticCache` of `max_cache_len` columns holding what the dynamic `cache`
+    holds (its rows, in columns 0..W-1; the next update writes column W), or None where the
+    layers are not all plain full-attention ones (sliding window, hybrid, remote code)."""
+    from transformers import StaticCache
+
+    layers = getattr(cache, "layers", None)
+    if not layers or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
+        return None
+    static = StaticCache(config=config, max_cache_len=max_cache_len)
+    kinds = [type(layer).__name__ for layer in getattr(static, "layers", [])]
+    if len(kinds) != len(layers) or any(kind != "StaticLayer" for kind in kinds):
+        return None
+    for index, layer in enumerate(layers):
+        static.update(layer.keys, layer.values, index)
+    return static
 
 
 def can_drop_cache_rows(cache) -> bool:

@@ -39,7 +39,8 @@ from .._compat import (
 from .._logging import warn_once
 from ..core.tensors import left_pad, position_ids_from_mask
 from .noise import GeneratorNoise
-from .sampler import next_tokens
+from .sampler import next_tokens, picked_logprobs
+from .static_decode import prefill_then_decode_static
 from .types import Decoded, DecodeSpec, GenerationRequest, RolloutBatch
 
 
@@ -93,6 +94,7 @@ def decode_spec(request: GenerationRequest) -> DecodeSpec:
         noise=noise,
         record_logprobs=request.record_logprobs,
         on_step=request.on_step,
+        engine=request.engine,
     )
 
 
@@ -154,7 +156,11 @@ def prefill_and_decode(
     if spec.sampling.repetition_penalty != 1.0:
         seen = torch.zeros(logits.shape, dtype=torch.bool, device=device)  # (N, V)
         seen.scatter_(1, ids, mask.bool())  # pad columns scatter False: only real tokens count
-    out = decode(decoder, logits, cache, mask, spec, seen)
+    out = None
+    if spec.engine.static:
+        out = prefill_then_decode_static(model, logits, cache, mask, spec, seen)
+    if out is None:
+        out = decode(decoder, logits, cache, mask, spec, seen)
     return ids, mask, out, prefilled
 
 
@@ -218,7 +224,8 @@ def decode(
         tokens.append(step_tokens)
         live.append(~finished)
         if spec.record_logprobs:
-            logps.append(_picked_logprobs(logits, picked, active, rows, sampling.temperature))
+            logp = picked_logprobs(logits, picked, active, rows, sampling.temperature)
+            logps.append(logp.masked_fill(finished, 0.0))  # (N,) 0 past a row's end
         finished = finished | torch.isin(step_tokens, eos)
         if spec.on_step is not None:
             spec.on_step(finished, tokens, live)
@@ -244,14 +251,3 @@ def decode(
         attention=attention,
         logprobs=torch.stack(logps, dim=1) if spec.record_logprobs else None,
     )
-
-
-def _picked_logprobs(logits, picked, active, rows, temperature: float) -> torch.Tensor:
-    """`(N,)` log-softmax of the logits `(A, V)` over `temperature` (1 when greedy) at the
-    picked tokens, 0 for the other rows: the training forward's log-prob of the same token (it
-    divides by the temperature too, and filters nothing)."""
-    scale = temperature if temperature > 0 else 1.0
-    out = torch.zeros(rows, dtype=torch.float32, device=logits.device)
-    logps = (logits.float() / scale).log_softmax(-1)  # (A, V)
-    out[active] = logps.gather(1, picked.unsqueeze(-1)).squeeze(-1)
-    return out

@@ -109,6 +109,7 @@ def sample_groups(
         noise=noise,
         on_step=on_step,
         record_logprobs=settings.record_logprobs,
+        engine=settings.engine,
     )
     batch = generate_groups(model, prompt_ids, request)
     repeated = [r for r in rows for _ in range(settings.num_generations)]

@@ -162,3 +162,14 @@ def next_tokens(
     filtered = filter_top_k_top_p(scaled, sampling.top_k, sampling.top_p)
     filtered = filter_min_p(filtered, sampling.min_p)
     return sample_inverse_cdf(filtered, uniforms)
+
+
+def picked_logprobs(logits, picked, active, rows, temperature: float) -> torch.Tensor:
+    """`(N,)` log-softmax of the logits `(A, V)` over `temperature` (1 when greedy) at the
+    picked tokens, 0 for the other rows: the training forward's log-prob of the same token (it
+    divides by the temperature too, and filters nothing)."""
+    scale = temperature if temperature > 0 else 1.0
+    out = torch.zeros(rows, dtype=torch.float32, device=logits.device)
+    logps = (logits.float() / scale).log_softmax(-1)  # (A, V)
+    out[active] = logps.gather(1, picked.unsqueeze(-1)).squeeze(-1)
+    return out

@@ -457,3 +457,11 @@ def test_train_dataset_none_trains_on_the_environments_prompts(tiny_tokenizer, t
     assert len(OwnsTheData.resets) == 16  # 2 steps x 8 completions, each its own environment
     rows = [json.loads(r) for r in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [r["rewards/OwnsTheData/mean"] for r in rows if "loss" in r] == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("setting", [{"cache_implementation": "static"}, {"compile_decode": True}])
+def test_a_static_decode_with_tools_is_refused_in_one_line(tiny_tokenizer, tmp_path, setting):
+    with pytest.raises(ValueError) as err:
+        tool_trainer(tiny_tokenizer, tmp_path, **setting)
+    message = str(err.value)
+    assert "is for single-turn rollouts, not tools" in message and "\n" not in message

@@ -30,6 +30,7 @@ MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 # generation_kwargs our sampler honours; a key naming a GRPOConfig field overrides it (as in TRL).
 SAMPLER_KWARGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 ROLLOUT_PRECISIONS = ("policy", "auto", "bf16", "fp16")
+CACHE_IMPLEMENTATIONS = (None, "dynamic", "static")
 
 
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -46,10 +47,6 @@ REFUSED: dict[str, tuple[Any, str]] = {
     "ds3_gather_for_generation": (
         True,
         "our sampler runs on the unwrapped model; DeepSpeed ZeRO-3 gathering is not wired in",
-    ),
-    "cache_implementation": (
-        None,
-        "the decode loop manages its own DynamicCache (prefix sharing, dropped rows)",
     ),
     "use_vllm": (False, "generation here is our own prefix-shared sampler, so vLLM does not apply"),
     "vllm_mode": ("colocate", _VLLM),
@@ -236,6 +233,11 @@ def check_rollout(config: Any) -> None:
             f"max_resample_rounds={config.max_resample_rounds} must be >= 0 (0: no refill)."
         )
     _choice("rollout_precision", config.rollout_precision, ROLLOUT_PRECISIONS)
+    if config.cache_implementation not in CACHE_IMPLEMENTATIONS:
+        raise ValueError(
+            f"cache_implementation={config.cache_implementation!r} is not supported: the rollouts "
+            "decode with our own loop; use None (or 'dynamic') or 'static'."
+        )
     _resolve_trl_correction_names(config)
     config.correction_params()  # validates the mode and the bounds
     corrected = config.rollout_precision != "policy" and config.sampling_correction

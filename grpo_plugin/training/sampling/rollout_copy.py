@@ -14,7 +14,11 @@ plain transformers model with the LoRA adapter merged in (no adapter matmuls per
 It is built once, on the first rollout, and never trained or written back. Before each rollout
 whose policy has changed (a new optimizer step) the weights that training moves are copied in:
 for LoRA, each adapted layer's W + (alpha / r) B A (peft's own `get_delta_weight`); for full
-fine-tuning, every trainable parameter. Frozen weights were cast once and stay. Its samples come
+fine-tuning, every trainable parameter. An fp16 copy of a LoRA policy is the exception: packing
+fp16 weights is slow (about 1.2 s per step for SmolLM2's 210 adapted layers, most of what the
+copy saved on short rollouts), so there the adapters stay apart, the base weights are packed
+once and each adapted layer adds the policy's own adapter, read live: nothing to refresh. A
+DoRA (or other LoRA variant) policy is refused: W + B A is not its merged weight. Frozen weights were cast once and stay. Its samples come
 from a slightly different distribution than the policy's; `core/sampling_correction.py` weighs
 the loss for it, and evaluation never uses the copy.
 """
@@ -108,6 +112,12 @@ def check_copyable(policy: torch.nn.Module, precision: str) -> None:
             f"rollout_precision={precision!r} with a 4-bit (QLoRA) base: it already decodes "
             "from 4-bit weights; use rollout_precision='policy'."
         )
+    if any(getattr(m, "lora_variant", None) for m in policy.modules()):
+        raise ValueError(
+            f"rollout_precision={precision!r} with a DoRA (or other LoRA variant) adapter: the "
+            "copy's refresh adds B A to W, which a variant's rescaling does not follow; use "
+            "rollout_precision='policy'."
+        )
     param = next(policy.parameters())
     if precision == "bf16" and param.dtype == torch.bfloat16:
         raise ValueError(
@@ -127,9 +137,69 @@ def check_copyable(policy: torch.nn.Module, precision: str) -> None:
         )
 
 
+class _LowRankOnFp16(torch.nn.Module):
+    """An fp16-weight base layer plus the policy's own LoRA adapters, read live:
+    `base(x) + sum_a scaling_a * B_a(A_a(x))` (no dropout). Nothing to refresh: the adapters
+    are the policy's tensors, held in a list so that they are not this module's parameters
+    (the copy's `requires_grad_(False)` must not freeze the policy's adapters)."""
+
+    def __init__(self, base: torch.nn.Module, lora_layer: torch.nn.Module) -> None:
+        super().__init__()
+        self.base = base
+        self._policy_layer = [lora_layer]  # a list: not registered as a submodule
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        layer = self._policy_layer[0]
+        out = self.base(x)  # (..., out) float32
+        for adapter in layer.active_adapters:
+            if adapter in layer.lora_A:
+                delta = layer.lora_B[adapter](layer.lora_A[adapter](x))
+                out = out + delta * layer.scaling[adapter]
+        return out
+
+
+def _plain_lora_layers(policy: torch.nn.Module) -> dict[str, torch.nn.Module] | None:
+    """The policy's LoRA layers by their name in the base model, when every adapted layer is a
+    plain LoRA linear (no DoRA or other variant, no embedding adapter) and peft trains no
+    module in full; else None."""
+    prefix, layers = "base_model.model.", {}
+    for name, module in policy.named_modules():
+        if type(module).__name__ == "ModulesToSaveWrapper":
+            return None
+        if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):
+            plain = type(module.base_layer) is torch.nn.Linear and not getattr(
+                module, "lora_variant", {}
+            )
+            if not plain or getattr(module, "lora_embedding_A", {}):
+                return None
+            layers[name[len(prefix) :] if name.startswith(prefix) else name] = module
+    return layers or None
+
+
+def _build_fp16_low_rank(policy: torch.nn.Module) -> tuple[torch.nn.Module, list[_Link]] | None:
+    """A LoRA policy's fp16 copy that keeps the adapters apart: the base weights packed once,
+    the policy's adapters applied live (float32). None where `_plain_lora_layers` says no."""
+    layers = _plain_lora_layers(policy)
+    if layers is None:
+        return None
+    base = copy.deepcopy(policy).unload()  # the base model, adapters removed, not merged
+    base.requires_grad_(False).eval().float()
+    for name, lora_layer in layers.items():
+        owner, leaf = _owner(base, name)
+        fp16 = fp16_weight_linear(getattr(owner, leaf))
+        setattr(owner, leaf, _LowRankOnFp16(fp16, lora_layer))
+    _swap_linears_for_fp16(base, [])  # the rest (the LM head), never trained here
+    logger.info("Rollout copy in fp16 built (LoRA adapters read live: nothing to refresh)")
+    return base, []
+
+
 def _build(policy: torch.nn.Module, precision: str) -> tuple[torch.nn.Module, list[_Link]]:
-    """The merged copy and the links that refresh it from `policy`."""
+    """The copy and the links that refresh it from `policy`."""
     is_peft = callable(getattr(policy, "merge_and_unload", None))
+    if is_peft and precision == "fp16":
+        built = _build_fp16_low_rank(policy)
+        if built is not None:
+            return built
     merged = copy.deepcopy(policy)
     merged = merged.merge_and_unload() if is_peft else merged
     merged.requires_grad_(False).eval()

@@ -46,7 +46,6 @@ REFUSED_EXAMPLES = {
     "use_vllm": True,
     "vllm_mode": "server",
     "vllm_gpu_memory_utilization": 0.5,
-    "cache_implementation": "static",
     "ds3_gather_for_generation": False,
     "log_completions_hub_repo": "me/completions",
     "use_transformers_continuous_batching": True,
@@ -176,3 +175,20 @@ def test_rollout_copy_settings_are_checked_in_one_line(tmp_path, settings, match
     with pytest.raises(ValueError, match=match) as err:
         make(tmp_path, **settings)
     assert "\n" not in str(err.value)
+
+
+def test_cache_implementation_static_is_accepted_and_others_are_refused(tmp_path):
+    from grpo_plugin.rollout.types import DecodeEngine
+
+    assert make(tmp_path).decode_engine() == DecodeEngine()
+    assert make(tmp_path, cache_implementation="dynamic").decode_engine() == DecodeEngine()
+    static = make(tmp_path, cache_implementation="static").decode_engine()
+    assert static == DecodeEngine(static_cache=True)
+    compiled = make(tmp_path, compile_decode=True).decode_engine()
+    assert compiled.compile and compiled.static  # compiling implies the static cache
+    with pytest.raises(ValueError) as err:
+        make(tmp_path, cache_implementation="offloaded")
+    assert str(err.value) == (
+        "cache_implementation='offloaded' is not supported: the rollouts decode with our own "
+        "loop; use None (or 'dynamic') or 'static'."
+    )

@@ -27,26 +27,58 @@ def _logits(model, ids):
         return model(input_ids=ids).logits.float()
 
 
-@pytest.mark.parametrize("precision, tolerance", [("bf16", 0.05), ("fp16", 0.01)])
-def test_the_copy_computes_the_merged_policy_and_follows_its_updates(
-    tiny_tokenizer, precision, tolerance
-):
-    policy, ids = _lora_policy(tiny_tokenizer), torch.tensor([[5, 6, 7, 8, 9]])
-    rollout_copy = RolloutCopy(precision)
-    model = rollout_copy.refresh(policy, version=0)
-    assert not any(p.requires_grad for p in model.parameters())
-    gap = (_logits(model, ids) - _logits(policy, ids)).abs().max().item()
-    assert 0 < gap < tolerance  # close to the policy, yet not the policy (a lower precision)
+def _flip_adapters(policy) -> None:
     with torch.no_grad():
         for name, param in policy.named_parameters():
             if "lora_B" in name:
                 param.mul_(-1.0)  # "an optimizer step": the adapter's delta flips sign
+
+
+def test_a_bf16_copy_computes_the_merged_policy_and_follows_its_updates(tiny_tokenizer):
+    policy, ids = _lora_policy(tiny_tokenizer), torch.tensor([[5, 6, 7, 8, 9]])
+    rollout_copy = RolloutCopy("bf16")
+    model = rollout_copy.refresh(policy, version=0)
+    assert not any(p.requires_grad for p in model.parameters())
+    gap = (_logits(model, ids) - _logits(policy, ids)).abs().max().item()
+    assert 0 < gap < 0.05  # close to the policy, yet not the policy (a lower precision)
+    _flip_adapters(policy)
     assert rollout_copy.refresh(policy, version=0) is model  # same version: no refresh
     stale = (_logits(model, ids) - _logits(policy, ids)).abs().max().item()
     assert stale > 5 * gap  # the old weights: far off
     rollout_copy.refresh(policy, version=1)
     fresh = (_logits(model, ids) - _logits(policy, ids)).abs().max().item()
-    assert fresh < tolerance
+    assert fresh < 0.05
+
+
+def test_an_fp16_copy_of_a_lora_policy_reads_the_adapters_live(tiny_tokenizer):
+    """fp16 + LoRA: the base weights are packed once and the policy's own adapters run beside
+    them, so an optimizer step reaches the copy with nothing refreshed (no repacking)."""
+    policy, ids = _lora_policy(tiny_tokenizer), torch.tensor([[5, 6, 7, 8, 9]])
+    rollout_copy = RolloutCopy("fp16")
+    model = rollout_copy.refresh(policy, version=0)
+    assert not any(p.requires_grad for p in model.parameters())  # the copy trains nothing
+    assert all(p.requires_grad for n, p in policy.named_parameters() if "lora_" in n)
+    assert not any("lora" in n for n, _ in model.named_parameters())  # no adapter copies
+    gap = (_logits(model, ids) - _logits(policy, ids)).abs().max().item()
+    assert 0 < gap < 0.01
+    _flip_adapters(policy)
+    assert rollout_copy.refresh(policy, version=1) is model
+    moved = (_logits(model, ids) - _logits(policy, ids)).abs().max().item()
+    assert moved < 0.01  # followed without a refresh
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_dora_policy_is_refused_in_one_line(tiny_tokenizer, precision):
+    """A refresh adds B A to W; DoRA rescales by a magnitude too, so a copy would drift from
+    the policy after the first step (measured before this check: 0.48 max logit gap)."""
+    from peft import LoraConfig
+
+    config = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", use_dora=True)
+    policy = get_peft_model(make_tiny_model(tiny_tokenizer), config)
+    with pytest.raises(ValueError) as err:
+        RolloutCopy(precision).refresh(policy, version=0)
+    assert str(err.value).startswith(f"rollout_precision={precision!r} with a DoRA")
+    assert "\n" not in str(err.value)
 
 
 def test_an_fp16_copy_moves_the_log_probs_less_than_a_bf16_copy(tiny_tokenizer):

@@ -1,0 +1,190 @@
+"""The static-shape decode loop (`DecodeEngine.static_cache`, `DecodeEngine.compile`).
+
+The dynamic loop in `generation.py` grows the KV cache by one column per token, drops finished
+rows from the batch, and asks the host after every step whether all rows have finished. Each of
+those is a new shape or a device-to-host read, and a compiler (torch.compile, CUDA graphs) needs
+neither. This loop:
+
+- copies the prefilled cache into a transformers `StaticCache` whose width is the prompt width
+  plus `max_new_tokens`, rounded up to a multiple of `WIDTH_BUCKET` (fewer shapes to compile);
+- keeps one attention mask of that width and writes a 1 into the next column each step, in place;
+- keeps every row to the end (finished rows decode padding that nobody reads);
+- reads `finished.all()` back only every `check_every` steps (every step on a CPU, where it costs
+  nothing; every 16 on a GPU), then trims the columns decoded after the last row's end.
+
+The decode step (the model's forward plus the last position's logits) can be compiled:
+`torch.compile(..., dynamic=False)`, with CUDA graphs (`mode="reduce-overhead"`) on a GPU. It
+compiles once per shape (rows, cache width) and model; on a 2-core CPU that is about a minute
+for SmolLM2-135M (docs/benchmarks.md has the measurements).
+
+For the same draws the tokens are the dynamic loop's: each row reads the same uniform at each
+step (`noise.uniforms(rows, t)`), and masked columns add exact zeros to attention. Compiled
+kernels may round differently in the last bits of a logit, which can flip a draw that falls
+within that rounding of a token boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from .._compat import (
+    accepts_logits_to_keep,
+    cache_argument_name,
+    static_cache_from,
+    unwrap_peft,
+)
+from .._logging import warn_once
+from .sampler import next_tokens, picked_logprobs
+from .types import Decoded, DecodeSpec
+
+logger = logging.getLogger(__name__)
+
+WIDTH_BUCKET = 64  # the static cache's width is a multiple of this
+_COMPILED: dict[str, Any] = {}  # torch.compile mode -> the compiled `_decode_step`
+_SHAPES_SEEN: set[tuple] = set()  # (model id, rows, width, mode) already compiled
+
+
+def _decode_step(model, ids, mask, positions, options: dict[str, Any]):
+    """One forward of `ids` `(A, 1)` at `positions` `(A, 1)` over `mask` `(A, W)` (`options`:
+    the cache under the model's argument name, `use_cache`, `logits_to_keep`): the last
+    position's float32 logits `(A, V)`. The cache is updated in place."""
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, **options)
+    return out.logits[:, -1, :].float()
+
+
+class StaticDecoder:
+    """The model's decode step at fixed shapes, eager or compiled: `(ids, mask, positions,
+    cache) -> (logits (A, V), cache)`, the same interface as `generation._Decoder`."""
+
+    def __init__(self, model: torch.nn.Module, compile: bool, width: int) -> None:
+        self.model = unwrap_peft(model)
+        self.width = width  # the static cache's columns
+        self.cache_arg = cache_argument_name(self.model)
+        self.last_only = accepts_logits_to_keep(self.model)
+        self.device = next(self.model.parameters()).device
+        self.mode = (
+            ("reduce-overhead" if self.device.type == "cuda" else "default") if compile else ""
+        )
+        self.step = _compiled(self.mode) if compile else _decode_step
+        if compile and self.device.type == "cpu":
+            warn_once(
+                "compile-cpu",
+                "compile_decode on a CPU: measured slower or barely faster than the eager loop "
+                "on a 2-core EPYC (0.91x at 24 tokens, 1.21x at 128, 1.40x with an fp16 rollout "
+                "copy; docs/benchmarks.md); it is meant for GPUs (CUDA graphs).",
+            )
+
+    def announce(self, rows: int) -> None:
+        """Log, once per shape, that the next step compiles (a minute on a small CPU)."""
+        width = self.width
+        key = (id(self.model), rows, width, self.mode)
+        if self.mode and key not in _SHAPES_SEEN:
+            _SHAPES_SEEN.add(key)
+            logger.info(
+                "compile_decode: compiling the decode step for %d rows x %d cache columns "
+                "(once per shape; about a minute on a 2-core CPU)",
+                rows,
+                width,
+            )
+
+    def __call__(self, ids, mask, positions, cache):
+        options = {self.cache_arg: cache, "use_cache": True}
+        if self.last_only:
+            options["logits_to_keep"] = 1
+        logits = self.step(self.model, ids, mask, positions, options)
+        # CUDA graphs reuse their output buffer at the next replay: keep our own logits
+        return (logits.clone() if self.mode == "reduce-overhead" else logits), cache
+
+
+def _compiled(mode: str):
+    if mode not in _COMPILED:
+        options = {} if mode == "default" else {"mode": mode}
+        _COMPILED[mode] = torch.compile(_decode_step, dynamic=False, **options)
+    return _COMPILED[mode]
+
+
+def static_width(prompt_width: int, max_new_tokens: int) -> int:
+    """The static cache's width: the prompt, the new tokens, rounded up to `WIDTH_BUCKET`."""
+    need = prompt_width + max_new_tokens
+    return -(-need // WIDTH_BUCKET) * WIDTH_BUCKET
+
+
+def prefill_then_decode_static(
+    model: torch.nn.Module,
+    logits: torch.Tensor,
+    cache: Any,
+    attention: torch.LongTensor,
+    spec: DecodeSpec,
+    seen: torch.Tensor | None = None,
+) -> Decoded | None:
+    """Decode A prefilled rows (`cache`, `attention` `(A, W)`, last logits `(A, V)`) with a
+    static cache; None (and one warning) where this model's cache cannot be made static."""
+    width = static_width(attention.shape[1], spec.sampling.max_new_tokens)
+    static = static_cache_from(cache, unwrap_peft(model).config, width)
+    if static is None:
+        warn_once(
+            "static-cache",
+            "cache_implementation='static' / compile_decode: this model's KV cache has "
+            "sliding-window or hybrid layers, which the static loop does not handle; decoding "
+            "with the dynamic cache instead (same tokens, not compiled).",
+        )
+        return None
+    decoder = StaticDecoder(model, spec.engine.compile, width)
+    decoder.announce(attention.shape[0])
+    return decode_static(decoder, logits, static, attention, spec, seen)
+
+
+def decode_static(
+    decoder: StaticDecoder,
+    logits: torch.Tensor,
+    cache: Any,
+    attention: torch.LongTensor,
+    spec: DecodeSpec,
+    seen: torch.Tensor | None = None,
+) -> Decoded:
+    """The loop: `generation.decode`'s contract (tokens, live, finished, log-probs; `seen`
+    updated in place; `spec.on_step` after each step), every row kept, at fixed shapes."""
+    sampling, noise, pad_id = spec.sampling, spec.noise, spec.pad_token_id
+    rows, device = logits.shape[0], logits.device
+    prompt_width = attention.shape[1]
+    extra = decoder.width - prompt_width
+    mask = torch.cat([attention, attention.new_zeros(rows, extra)], dim=1)  # (A, W')
+    every = spec.engine.check_every or (1 if device.type == "cpu" else 16)
+    eos = torch.tensor(list(spec.eos_token_ids), device=device)
+    all_rows = torch.arange(rows, device=device)  # (A,)
+    first_position = attention.sum(-1, keepdim=True)  # (A, 1) each row's next position
+    finished = torch.zeros(rows, dtype=torch.bool, device=device)  # (A,)
+    fast = device.type == "cpu"  # the sampler's candidate path reads ties back to the host
+    tokens, live, logps = [], [], []
+    for step in range(sampling.max_new_tokens):
+        uniforms = None if sampling.greedy else noise.uniforms(all_rows, step)  # (A,)
+        picked = next_tokens(logits, seen, sampling, uniforms, fast=fast)  # (A,)
+        step_tokens = picked.masked_fill(finished, pad_id)  # (A,)
+        tokens.append(step_tokens)
+        live.append(~finished)
+        if spec.record_logprobs:
+            logp = picked_logprobs(logits, picked, all_rows, rows, sampling.temperature)
+            logps.append(logp.masked_fill(finished, 0.0))  # (A,) 0 past a row's end
+        finished = finished | torch.isin(step_tokens, eos)
+        if spec.on_step is not None:
+            spec.on_step(finished, tokens, live)
+        last = step == sampling.max_new_tokens - 1
+        if last or ((step + 1) % every == 0 and bool(finished.all())):
+            break
+        if seen is not None:
+            seen.scatter_(1, picked.unsqueeze(-1), True)
+        mask[:, prompt_width + step] = 1  # in place: the step's shapes never change
+        logits, cache = decoder(picked.unsqueeze(-1), mask, first_position + step, cache)
+    live_steps = torch.stack(live, dim=1)  # (A, T)
+    used = int(live_steps.any(dim=0).sum())  # steps up to the last row's end (live is a prefix)
+    return Decoded(
+        tokens=torch.stack(tokens, dim=1)[:, :used],  # (A, T')
+        live=live_steps[:, :used],
+        finished=finished,
+        cache=cache,
+        attention=mask[:, : prompt_width + used],
+        logprobs=torch.stack(logps, dim=1)[:, :used] if spec.record_logprobs else None,
+    )

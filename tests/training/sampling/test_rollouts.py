@@ -1,0 +1,56 @@
+"""Where training rollouts come from (`training/sampling/rollouts.py`): the decode engine the
+config asks for reaches the sampler, and a static cache trains exactly as the dynamic one."""
+
+import pytest
+import torch
+
+from grpo_plugin.rollout import static_decode
+from tests.conftest import make_trainer, tiny_lora
+
+
+def _trained(tokenizer, tmp_path, **overrides):
+    trainer = make_trainer(tokenizer, tmp_path, peft=tiny_lora(), max_steps=2, **overrides)
+    trainer.train()
+    return trainer
+
+
+def test_a_static_cache_trains_exactly_as_the_dynamic_one(tiny_tokenizer, tmp_path, monkeypatch):
+    dynamic = _trained(tiny_tokenizer, tmp_path / "d")
+    calls = []
+    original = static_decode.decode_static
+    monkeypatch.setattr(
+        static_decode, "decode_static", lambda *a, **k: calls.append(1) or original(*a, **k)
+    )
+    static = _trained(tiny_tokenizer, tmp_path / "s", cache_implementation="static")
+    assert len(calls) == 2  # one static rollout per step
+    keys = ("loss", "reward", "completions/mean_length", "num_tokens")
+    for a, b in zip(dynamic.state.log_history, static.state.log_history):
+        for key in keys:
+            if key in a:
+                assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
+    weights = dict(static.model.named_parameters())
+    for name, param in dynamic.model.named_parameters():
+        if "lora_" in name:
+            torch.testing.assert_close(param, weights[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_static_decode_with_a_rollout_func_is_refused_in_one_line(tiny_tokenizer, tmp_path):
+    from grpo_plugin import GRPOTrainer
+    from tests.conftest import SEVEN_DATA, frac_sevens, make_tiny_model, tiny_config
+
+    def rollout_func(prompts, trainer):  # never called: refused before any step
+        raise AssertionError
+
+    with pytest.raises(ValueError) as err:
+        GRPOTrainer(
+            make_tiny_model(tiny_tokenizer),
+            frac_sevens,
+            args=tiny_config(tmp_path, compile_decode=True),
+            train_dataset=SEVEN_DATA,
+            processing_class=tiny_tokenizer,
+            rollout_func=rollout_func,
+        )
+    assert str(err.value) == (
+        "compile_decode=True is for single-turn rollouts, not a rollout_func (it generates by "
+        "itself); leave it off."
+    )
