@@ -57,13 +57,6 @@ class RolloutSampler:
         self._precision = args.rollout_precision  # 'auto' is resolved on the first rollout
         if self._precision not in ("policy", "auto"):
             check_copyable(policy, self._precision)  # one line, before any step
-        if args.decode_engine().static and (tool_setup is not None or rollout_func is not None):
-            setting = (
-                "compile_decode=True" if args.compile_decode else "cache_implementation='static'"
-            )
-            source = "tools (the tool loop appends results of unknown length to the cache)"
-            source = "a rollout_func (it generates by itself)" if rollout_func else source
-            raise ValueError(f"{setting} is for single-turn rollouts, not {source}; leave it off.")
 
     def _rollout_model(self, model):
         """The model to sample from: the policy, or its copy. The copy's precision is settled on

@@ -59,6 +59,21 @@ def resolve_tools(specs: Sequence[Any] | None, base_dir: str | Path | None = Non
     return tools
 
 
+def _check_static_decode(args: Any, inputs: Any) -> None:
+    """The static decode loop (`cache_implementation='static'`, `compile_decode`) runs single
+    turns only: refused, before anything loads, next to tools, environments or a rollout_func."""
+    if not args.decode_engine().static:
+        return
+    setting = "compile_decode=True" if args.compile_decode else "cache_implementation='static'"
+    if inputs.rollout_func is not None:
+        source = "a rollout_func (it generates by itself)"
+    elif inputs.tools or inputs.environments is not None:
+        source = "tools (the tool loop appends results of unknown length to the cache)"
+    else:
+        return
+    raise ValueError(f"{setting} is for single-turn rollouts, not {source}; leave it off.")
+
+
 @dataclass
 class ToolInputs:
     """The run's tools, environments and rollout function, resolved."""
@@ -86,6 +101,8 @@ class ToolInputs:
         inputs = cls(resolved, environments, rollout_func)
         if args is not None:
             overlap.check_inputs(args, inputs)  # overlap_scoring: single-turn rollouts only
+        if args is not None:
+            _check_static_decode(args, inputs)
         if args is not None and rollout_func is not None and args.rollout_precision != "policy":
             raise ValueError(
                 f"rollout_precision={args.rollout_precision!r} with a rollout_func: the function "
