@@ -12,6 +12,9 @@
 - decoding stops at ANY eos id, finished rows leave the batch (and the KV cache) once they are a
   quarter of it, and the loop ends as soon as every row has finished.
 
+With `DecodeEngine.static` (`cache_implementation='static'`, `compile_decode`) the prefilled rows
+decode in `static_decode.py` instead: a preallocated cache, every row kept, fixed shapes.
+
 The pieces are public for the multi-turn tool loop (`multiturn.py`): `prefill_and_decode` (with
 `DecodeSpec.drop_finished=False` every row stays in the cache), `continue_decoding` (prefill only the tokens
 appended to some cached rows, then decode them) and `decode` (the loop itself). They talk to
