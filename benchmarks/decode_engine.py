@@ -19,13 +19,13 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rollout_precision import build_policy, cpu_name  # noqa: E402
+from rollout_precision import rollout as precision_rollout  # noqa: E402
 
 ENGINES = {
     "dynamic": {},
@@ -35,23 +35,11 @@ ENGINES = {
 
 
 def rollout(model, prompt_ids, length: int, group: int, seed: int, engine: str):
-    from grpo_plugin.rollout.generation import generate_groups
-    from grpo_plugin.rollout.noise import KeyedNoise, RolloutKey
-    from grpo_plugin.rollout.types import DecodeEngine, GenerationRequest, SamplingParams
+    from grpo_plugin.rollout.types import DecodeEngine
 
-    noise = KeyedNoise.for_prompts(RolloutKey(seed, 0), range(len(prompt_ids)), group, length)
-    never = model.config.vocab_size + 7  # an end-of-sequence id no row samples: full length
-    request = GenerationRequest(
-        SamplingParams(max_new_tokens=length, temperature=0.7),
-        group,
-        (never,),
-        0,
-        noise=noise,
-        engine=DecodeEngine(**ENGINES[engine]),
+    return precision_rollout(
+        model, prompt_ids, length, group, seed, DecodeEngine(**ENGINES[engine])
     )
-    start = time.perf_counter()
-    batch = generate_groups(model, prompt_ids, request)
-    return time.perf_counter() - start, batch.completion_ids
 
 
 def main() -> None:

@@ -42,7 +42,7 @@ from .._compat import (
 from .._logging import warn_once
 from ..core.tensors import left_pad, position_ids_from_mask
 from .noise import GeneratorNoise
-from .sampler import next_tokens, picked_logprobs
+from .sampler import DecodeTrace
 from .static_decode import prefill_then_decode_static
 from .types import Decoded, DecodeSpec, GenerationRequest, RolloutBatch
 
@@ -207,34 +207,18 @@ def decode(
     `spec.noise.uniforms([a], t)`. `spec.on_step(finished (N,), tokens, live)` runs after each
     step: the step tensors so far, (N,) each (overlapped scoring reads the rows that have
     finished). `seen` `(A, V)` (the repetition penalty's tokens so far) is updated in place."""
-    sampling, noise, pad_id = spec.sampling, spec.noise, spec.pad_token_id
-    rows = logits.shape[0]
-    device = logits.device
-    eos = torch.tensor(list(spec.eos_token_ids), device=device)
+    rows, device = logits.shape[0], logits.device
+    trace = DecodeTrace(rows, spec, device)
     # The decode loop runs on the `active` rows only: finished rows are dropped from the batch
     # (and the KV cache) once they make up a quarter of it, so short completions stop costing.
     active = torch.arange(rows, device=device)  # (A,) row index of each decoded row
     first_position = attention.sum(-1)  # (A,) position of each row's next token
-    finished = torch.zeros(rows, dtype=torch.bool, device=device)  # (N,)
     drop = spec.drop_finished and can_drop_cache_rows(cache)
-    tokens, live, logps = [], [], []
-    for step in range(sampling.max_new_tokens):
-        uniforms = None if sampling.greedy else noise.uniforms(active, step)  # (A,)
-        picked = next_tokens(logits, seen, sampling, uniforms)  # (A,)
-        step_tokens = torch.full((rows,), pad_id, dtype=picked.dtype, device=device)
-        step_tokens[active] = picked
-        step_tokens = step_tokens.masked_fill(finished, pad_id)  # (N,)
-        tokens.append(step_tokens)
-        live.append(~finished)
-        if spec.record_logprobs:
-            logp = picked_logprobs(logits, picked, active, rows, sampling.temperature)
-            logps.append(logp.masked_fill(finished, 0.0))  # (N,) 0 past a row's end
-        finished = finished | torch.isin(step_tokens, eos)
-        if spec.on_step is not None:
-            spec.on_step(finished, tokens, live)
-        if bool(finished.all()) or step == sampling.max_new_tokens - 1:
+    for step in range(spec.sampling.max_new_tokens):
+        picked = trace.step(logits, seen, active, step)  # (A,)
+        if bool(trace.finished.all()) or step == spec.sampling.max_new_tokens - 1:
             break
-        done = finished[active]  # (A,)
+        done = trace.finished[active]  # (A,)
         if seen is not None:
             seen.scatter_(1, picked.unsqueeze(-1), True)
         if drop and int(done.sum()) * 4 >= len(active):
@@ -246,11 +230,4 @@ def decode(
         attention = torch.cat([attention, attention.new_ones(len(active), 1)], dim=-1)
         positions = (first_position + step).unsqueeze(-1)  # (A, 1)
         logits, cache = decoder(picked.unsqueeze(-1), attention, positions, cache)
-    return Decoded(
-        tokens=torch.stack(tokens, dim=1),  # (N, T)
-        live=torch.stack(live, dim=1),
-        finished=finished,
-        cache=cache,
-        attention=attention,
-        logprobs=torch.stack(logps, dim=1) if spec.record_logprobs else None,
-    )
+    return trace.decoded(cache, attention)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from .types import SamplingParams
+from .types import Decoded, DecodeSpec, SamplingParams
 
 CANDIDATE_BUDGETS = (64, 1024)  # top-p candidates tried before the full-vocabulary sort
 
@@ -173,3 +173,49 @@ def picked_logprobs(logits, picked, active, rows, temperature: float) -> torch.T
     logps = (logits.float() / scale).log_softmax(-1)  # (A, V)
     out[active] = logps.gather(1, picked.unsqueeze(-1)).squeeze(-1)
     return out
+
+
+class DecodeTrace:
+    """What a decode loop over N rows has sampled so far, one step at a time: the tokens (pad
+    after each row's end), which rows were live, the sampled log-probs (`spec.record_logprobs`)
+    and which rows have finished. Both loops (`generation.decode`, `static_decode`) step it."""
+
+    def __init__(self, rows: int, spec: DecodeSpec, device: torch.device) -> None:
+        self.rows, self.spec = rows, spec
+        self.eos = torch.tensor(list(spec.eos_token_ids), device=device)
+        self.finished = torch.zeros(rows, dtype=torch.bool, device=device)  # (N,)
+        self.tokens: list[torch.Tensor] = []  # (N,) per step
+        self.live: list[torch.Tensor] = []  # (N,) per step
+        self.logps: list[torch.Tensor] = []  # (N,) per step
+
+    def step(self, logits, seen, active: torch.Tensor, step: int, fast: bool = True):
+        """Pick the next token of the `active` rows `(A,)` from their logits `(A, V)`, record the
+        step, run `spec.on_step`; returns the picked tokens `(A,)`."""
+        sampling, finished = self.spec.sampling, self.finished
+        uniforms = None if sampling.greedy else self.spec.noise.uniforms(active, step)  # (A,)
+        picked = next_tokens(logits, seen, sampling, uniforms, fast=fast)  # (A,)
+        pad = self.spec.pad_token_id
+        step_tokens = torch.full((self.rows,), pad, dtype=picked.dtype, device=picked.device)
+        step_tokens[active] = picked
+        step_tokens = step_tokens.masked_fill(finished, pad)  # (N,)
+        self.tokens.append(step_tokens)
+        self.live.append(~finished)
+        if self.spec.record_logprobs:
+            logp = picked_logprobs(logits, picked, active, self.rows, sampling.temperature)
+            self.logps.append(logp.masked_fill(finished, 0.0))  # (N,) 0 past a row's end
+        self.finished = finished | torch.isin(step_tokens, self.eos)
+        if self.spec.on_step is not None:
+            self.spec.on_step(self.finished, self.tokens, self.live)
+        return picked
+
+    def decoded(self, cache, attention: torch.Tensor, steps: int | None = None) -> Decoded:
+        """The run as a `Decoded`, its first `steps` steps (None: all)."""
+        logps = torch.stack(self.logps, dim=1)[:, :steps] if self.spec.record_logprobs else None
+        return Decoded(
+            tokens=torch.stack(self.tokens, dim=1)[:, :steps],  # (N, T)
+            live=torch.stack(self.live, dim=1)[:, :steps],
+            finished=self.finished,
+            cache=cache,
+            attention=attention,
+            logprobs=logps,
+        )

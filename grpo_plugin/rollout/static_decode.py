@@ -37,7 +37,7 @@ from .._compat import (
     unwrap_peft,
 )
 from .._logging import warn_once
-from .sampler import next_tokens, picked_logprobs
+from .sampler import DecodeTrace
 from .types import Decoded, DecodeSpec
 
 logger = logging.getLogger(__name__)
@@ -79,15 +79,14 @@ class StaticDecoder:
 
     def announce(self, rows: int) -> None:
         """Log, once per shape, that the next step compiles (a minute on a small CPU)."""
-        width = self.width
-        key = (id(self.model), rows, width, self.mode)
+        key = (id(self.model), rows, self.width, self.mode)
         if self.mode and key not in _SHAPES_SEEN:
             _SHAPES_SEEN.add(key)
             logger.info(
                 "compile_decode: compiling the decode step for %d rows x %d cache columns "
                 "(once per shape; about a minute on a 2-core CPU)",
                 rows,
-                width,
+                self.width,
             )
 
     def __call__(self, ids, mask, positions, cache):
@@ -147,44 +146,23 @@ def decode_static(
 ) -> Decoded:
     """The loop: `generation.decode`'s contract (tokens, live, finished, log-probs; `seen`
     updated in place; `spec.on_step` after each step), every row kept, at fixed shapes."""
-    sampling, noise, pad_id = spec.sampling, spec.noise, spec.pad_token_id
     rows, device = logits.shape[0], logits.device
+    trace = DecodeTrace(rows, spec, device)
     prompt_width = attention.shape[1]
     extra = decoder.width - prompt_width
     mask = torch.cat([attention, attention.new_zeros(rows, extra)], dim=1)  # (A, W')
     every = spec.engine.check_every or (1 if device.type == "cpu" else 16)
-    eos = torch.tensor(list(spec.eos_token_ids), device=device)
     all_rows = torch.arange(rows, device=device)  # (A,)
     first_position = attention.sum(-1, keepdim=True)  # (A, 1) each row's next position
-    finished = torch.zeros(rows, dtype=torch.bool, device=device)  # (A,)
     fast = device.type == "cpu"  # the sampler's candidate path reads ties back to the host
-    tokens, live, logps = [], [], []
-    for step in range(sampling.max_new_tokens):
-        uniforms = None if sampling.greedy else noise.uniforms(all_rows, step)  # (A,)
-        picked = next_tokens(logits, seen, sampling, uniforms, fast=fast)  # (A,)
-        step_tokens = picked.masked_fill(finished, pad_id)  # (A,)
-        tokens.append(step_tokens)
-        live.append(~finished)
-        if spec.record_logprobs:
-            logp = picked_logprobs(logits, picked, all_rows, rows, sampling.temperature)
-            logps.append(logp.masked_fill(finished, 0.0))  # (A,) 0 past a row's end
-        finished = finished | torch.isin(step_tokens, eos)
-        if spec.on_step is not None:
-            spec.on_step(finished, tokens, live)
-        last = step == sampling.max_new_tokens - 1
-        if last or ((step + 1) % every == 0 and bool(finished.all())):
+    steps = spec.sampling.max_new_tokens
+    for step in range(steps):
+        picked = trace.step(logits, seen, all_rows, step, fast=fast)  # (A,)
+        if step == steps - 1 or ((step + 1) % every == 0 and bool(trace.finished.all())):
             break
         if seen is not None:
             seen.scatter_(1, picked.unsqueeze(-1), True)
         mask[:, prompt_width + step] = 1  # in place: the step's shapes never change
         logits, cache = decoder(picked.unsqueeze(-1), mask, first_position + step, cache)
-    live_steps = torch.stack(live, dim=1)  # (A, T)
-    used = int(live_steps.any(dim=0).sum())  # steps up to the last row's end (live is a prefix)
-    return Decoded(
-        tokens=torch.stack(tokens, dim=1)[:, :used],  # (A, T')
-        live=live_steps[:, :used],
-        finished=finished,
-        cache=cache,
-        attention=mask[:, : prompt_width + used],
-        logprobs=torch.stack(logps, dim=1)[:, :used] if spec.record_logprobs else None,
-    )
+    used = int(torch.stack(trace.live, dim=1).any(dim=0).sum())  # steps to the last row's end
+    return trace.decoded(cache, mask[:, : prompt_width + used], steps=used)

@@ -158,11 +158,16 @@ class _LowRankOnFp16(torch.nn.Module):
         return out
 
 
+def _base_name(peft_name: str) -> str:
+    """A PeftModel's module name as the base (or merged) model names it."""
+    return peft_name.removeprefix("base_model.model.")
+
+
 def _plain_lora_layers(policy: torch.nn.Module) -> dict[str, torch.nn.Module] | None:
     """The policy's LoRA layers by their name in the base model, when every adapted layer is a
     plain LoRA linear (no DoRA or other variant, no embedding adapter) and peft trains no
     module in full; else None."""
-    prefix, layers = "base_model.model.", {}
+    layers = {}
     for name, module in policy.named_modules():
         if type(module).__name__ == "ModulesToSaveWrapper":
             return None
@@ -172,7 +177,7 @@ def _plain_lora_layers(policy: torch.nn.Module) -> dict[str, torch.nn.Module] | 
             )
             if not plain or getattr(module, "lora_embedding_A", {}):
                 return None
-            layers[name[len(prefix) :] if name.startswith(prefix) else name] = module
+            layers[_base_name(name)] = module
     return layers or None
 
 
@@ -230,10 +235,9 @@ def _full_links(policy: torch.nn.Module, merged: torch.nn.Module) -> list[_Link]
 def _peft_links(policy: torch.nn.Module, merged: torch.nn.Module) -> list[_Link]:
     """LoRA: each adapted layer's merged weight, and the modules peft trains in full
     (`modules_to_save`), from the PeftModel's names to the merged model's."""
-    prefix = "base_model.model."
     links = []
     for name, module in policy.named_modules():
-        target = name[len(prefix) :] if name.startswith(prefix) else name
+        target = _base_name(name)
         if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):
             links.append(_Link(_merged_weight(module), merged.get_submodule(target), "weight"))
         elif type(module).__name__ == "ModulesToSaveWrapper":
