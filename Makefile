@@ -49,5 +49,6 @@ bench: install-dev
 gpu-pack:
 	bash benchmarks/gpu_pack.sh
 
-gpu-check:
-	bash benchmarks/gpu_check.sh
+gpu-check:  # on the GPU machine: two calls, `--call 1` then `--call 2` (docs/gpu-check.md)
+	bash benchmarks/gpu_check.sh --call 1
+	bash benchmarks/gpu_check.sh --call 2

@@ -12,7 +12,8 @@
 # there for the next):
 #   run "true"                                  carry .gpu-pack/a   (small wheels, GGUF half 1)
 #   run "true"                                  carry .gpu-pack/b   (GGUF half 2)
-#   run "bash benchmarks/gpu_check.sh"          carry .gpu-pack/c   (bitsandbytes)
+#   run "bash benchmarks/gpu_check.sh --call 1" carry .gpu-pack/c   (bitsandbytes)
+#   run "bash benchmarks/gpu_check.sh --call 2"                     (one device call runs <= 10 min)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PACK=${GPU_PACK:-.gpu-pack}
@@ -30,6 +31,9 @@ if [ -f "$PACK/a/gguf.part0" ] && [ -f "$PACK/b/gguf.part1" ]; then
     cat "$PACK/a/gguf.part0" "$PACK/b/gguf.part1" >"$GGUF"
     echo "$(cat "$PACK/a/gguf.sha256")  $GGUF" | sha256sum -c --quiet
     export GRPO_PLUGIN_GGUF="$GGUF"
+fi
+if [ -f "$PACK/a/gsm8k_train.jsonl" ]; then
+    export GSM8K_TRAIN="$PWD/$PACK/a/gsm8k_train.jsonl"  # vs_trl's `long` prompts
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
 export GRPO_PLUGIN_CACHE="${GRPO_PLUGIN_CACHE:-$SITE/cache}"

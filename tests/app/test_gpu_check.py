@@ -28,14 +28,21 @@ def test_step_seconds_sum_the_logged_parts_of_each_step(check, tmp_path):
     assert check.step_seconds(tmp_path) == [1.75, 3.0]
 
 
+def test_a_call_names_its_phases_and_a_limit_can_be_raised(check):
+    opts = check.parse_args(["--device", "cpu", "--call", "2", "--limit", "demo=175"])
+    assert opts.phases == ["vs_trl", "big", "overlap", "decode"] and opts.limit == {"demo": 175.0}
+    with pytest.raises(SystemExit):
+        check.parse_args(["--device", "cpu", "--limit", "demo"])
+
+
 def test_dry_run_shrinks_every_phase_but_keeps_its_flags(check):
     opts = check.parse_args(["--device", "cpu", "--dry-run", "--model-dir", "/m", "--out", "/o"])
     argv = check.vs_trl_argv(opts, check.Path("/o/vs_trl.json"), big=False)
-    assert argv[argv.index("--device") + 1] == "cpu" and "--bf16" in argv
+    assert argv[argv.index("--device") + 1] == "cpu" and "--bf16" not in argv  # TRL in float32
     assert argv[argv.index("--steps") + 1] == "1" and argv[argv.index("--warmup") + 1] == "0"
     assert argv[argv.index("--configs") + 1 : argv.index("--configs") + 3] == ["short", "long"]
     big = check.vs_trl_argv(opts, check.Path("/o/big.json"), big=True)
-    assert "--fixed-length" in big and "long" not in big
+    assert "--fixed-length" in big and "long" not in big and "--bf16" in big
     full = check.vs_trl_argv(check.parse_args(["--device", "cpu", "--model-dir", "/m"]),
                              check.Path("/o/x.json"), big=False)  # fmt: skip
     assert full[full.index("--steps") + 1] == "3"
@@ -44,7 +51,9 @@ def test_dry_run_shrinks_every_phase_but_keeps_its_flags(check):
     assert (
         flags[flags.index("--use_cpu") + 1] == "true" and flags[flags.index("--model") + 1] == "/m"
     )
-    assert sum(check.LIMITS.values()) <= 8 * 60  # the GPU run fits in 8 minutes
+    # each device call fits in 10 minutes with room to install, and both in 15 minutes of device time
+    assert [sum(check.LIMITS[p] for p in check.CALLS[c]) for c in (1, 2)] == [320, 420]
+    assert sorted(check.CALLS[1] + check.CALLS[2]) == sorted(check.PHASES)
 
 
 def test_the_table_names_every_phase_and_its_status(check):
