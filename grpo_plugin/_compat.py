@@ -11,6 +11,7 @@ library internals: it calls these helpers.
 | `output_cache`                      | the same rename on model outputs      | the same                       |
 | `accepts_logits_to_keep`            | transformers 4.45+ models take `logits_to_keep` (older and some remote-code models do not) | every supported model takes it |
 | `expand_cache`, `can_drop_cache_rows` | caches without `batch_repeat_interleave` / `batch_select_indices` (transformers 5.x: static, hybrid and some remote-code caches) | every cache implements both |
+| `cache_tensors`, `dynamic_cache_of` | transformers 5.x keeps a `DynamicCache`'s keys/values on `cache.layers[i].keys/.values` (a `DynamicLayer` each) and builds one from tensors through `ddp_cache_data`; None for other layer kinds (sliding window, hybrid, remote code) | transformers has a public tensors-in/tensors-out cache API |
 | `static_cache_from`                 | transformers 5.23-5.25 builds a `StaticCache` only empty (its layers allocate on the first `update`), so a prefilled dynamic cache is copied in through `update`, layer by layer; refused (None) for sliding-window or hybrid layers | transformers converts a dynamic cache to a static one |
 | `gradient_checkpointing_active`     | transformers 5.x renamed `is_gradient_checkpointing` to `is_activation_checkpointing` | the old name is removed (v6) |
 | `unwrap_peft`                       | peft 0.21 `PeftModel` wraps the transformers model | -- (peft API, kept as one call site) |
@@ -187,6 +188,21 @@ def expand_cache(cache, repeats: int) -> bool:
     except (NotImplementedError, ValueError, AttributeError, TypeError):
         return False
     return True
+
+
+def cache_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """Each layer's (keys, values) of a `DynamicCache` of plain `DynamicLayer`s; None otherwise."""
+    layers = getattr(cache, "layers", None)
+    if not layers or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
+        return None
+    return [(layer.keys, layer.values) for layer in layers]
+
+
+def dynamic_cache_of(tensors: list[tuple[torch.Tensor, torch.Tensor]]):
+    """A `DynamicCache` holding these per-layer (keys, values); the next update appends columns."""
+    from transformers import DynamicCache
+
+    return DynamicCache(ddp_cache_data=tensors)
 
 
 def static_cache_from(cache, config, max_cache_len: int):

@@ -215,6 +215,44 @@ class CrashAt(_TrainerCallback):
             raise SystemExit("simulated crash")
 
 
+def assert_same_training(a, b, keys=("loss", "reward", "grad_norm")) -> None:
+    """Two trainers' runs agree: the logged `keys` at every step (1e-5) and every LoRA weight."""
+    import torch
+
+    for row_a, row_b in zip(a.state.log_history, b.state.log_history, strict=True):
+        for key in keys:
+            if key in row_a:
+                assert row_a[key] == pytest.approx(row_b[key], rel=1e-5, abs=1e-7), key
+    weights = dict(b.model.named_parameters())
+    for name, param in a.model.named_parameters():
+        if "lora_" in name:
+            torch.testing.assert_close(param, weights[name], rtol=1e-5, atol=1e-6)
+
+
+def group_batch(prompt_lengths=(7, 3), width=6, real_lengths=None, seed=0, group=3):
+    """Left-padded prompts of different lengths, `group` rows each; right-padded completions
+    (pad id 0 after each row's end): `(prompt_ids, prompt_mask, completion_ids, completion_mask)`."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    lp = max(prompt_lengths)
+    prompts = torch.zeros(len(prompt_lengths), lp, dtype=torch.long)
+    prompt_mask = torch.zeros_like(prompts)
+    for row, length in enumerate(prompt_lengths):
+        prompts[row, lp - length :] = torch.randint(5, 90, (length,), generator=gen)
+        prompt_mask[row, lp - length :] = 1
+    rows = len(prompt_lengths) * group
+    completions = torch.randint(5, 90, (rows, width), generator=gen)
+    real_lengths = real_lengths or [width - (r % 4) for r in range(rows)]
+    completion_mask = (torch.arange(width) < torch.tensor(real_lengths)[:, None]).long()
+    return (
+        prompts.repeat_interleave(group, 0),
+        prompt_mask.repeat_interleave(group, 0),
+        completions * completion_mask,
+        completion_mask,
+    )
+
+
 def load_script(path: Path, name: str):
     """Import a script that is not in a package (recipes/*.py, benchmarks/*.py) as a module."""
     import importlib.util

@@ -17,7 +17,8 @@ per-token quantity of the GRPO objective (DeepSeekMath, eq. 3, https://arxiv.org
   weights. The same idea as verl's PrefixGrouper, through the model's own cache API instead of a
   custom attention kernel. Unsupported cases (active gradient checkpointing, which makes HF drop
   the cache; no batch-expandable cache; groups whose prompts differ) fall back to the plain forward
-  with a single warning.
+  with a single warning. A group split over several micro-batches can share its prompt across
+  them too (`shared_prompt`, core/prompt_grad.py).
 
 - MoE router auxiliary loss (`return_aux_loss`): the plain forward runs with
   `output_router_logits=True` and the model's own load-balancing loss (Switch Transformer eqs. 4-6,
@@ -48,6 +49,7 @@ from .._compat import (
     unwrap_peft,
 )
 from .._logging import warn_once
+from .prompt_grad import SharedPromptGrad
 from .tensors import position_ids_from_mask
 
 __all__ = ["CompletionLogprobs", "completion_logprobs"]
@@ -117,21 +119,35 @@ def _plain_hidden(body, prompt_ids, prompt_mask, completion_ids, completion_mask
     return (hidden, out.router_logits, mask) if router else hidden
 
 
-def _shared_hidden(body, group, prompt_ids, prompt_mask, completion_ids, completion_mask):
-    """Prompt prefix encoded once per group, its cache expanded to G rows; None if unsupported."""
+def _shared_hidden(body, group, tensors, held):
+    """Prompt prefix encoded once per group, its cache expanded to G rows; None if unsupported.
+    `tensors`: the trimmed (prompt_ids, prompt_mask, completion_ids, completion_mask). `held` (a
+    `SharedPromptGrad`, or None): a micro-batch that is one part of a larger group runs against
+    the group's prompt encoded once, by its first micro-batch."""
+    prompt_ids, prompt_mask, completion_ids, completion_mask = tensors
     prompt_len, width = prompt_ids.size(1), completion_ids.size(1)
     mask = torch.cat([prompt_mask, completion_mask], dim=1)  # (N, Lp + T)
     positions = position_ids_from_mask(mask)  # (N, Lp + T)
     cache_arg = cache_argument_name(body)
-    prefix = body(
-        input_ids=prompt_ids[::group, :-1],  # (P, Lp - 1)
-        attention_mask=prompt_mask[::group, :-1],
-        position_ids=positions[::group, : prompt_len - 1],
-        use_cache=True,
-        **{cache_arg: None},
-    )
-    cache = output_cache(prefix)
-    if cache is None or cache.get_seq_length() != prompt_len - 1 or not expand_cache(cache, group):
+
+    def encode():
+        prefix = body(
+            input_ids=prompt_ids[::group, :-1],  # (P, Lp - 1)
+            attention_mask=prompt_mask[::group, :-1],
+            position_ids=positions[::group, : prompt_len - 1],
+            use_cache=True,
+            **{cache_arg: None},
+        )
+        return output_cache(prefix)
+
+    cache = None
+    if held is not None and prompt_ids.size(0) == group:  # one prompt in this micro-batch
+        cache = held.cache_for(prompt_ids[:1, :-1], prompt_mask[:1, :-1], group, encode)
+    if cache is None:
+        cache = encode()
+        if cache is None or not expand_cache(cache, group):
+            return None
+    if cache.get_seq_length() != prompt_len - 1:
         return None
     suffix_ids = torch.cat([prompt_ids[:, -1:], completion_ids[:, :-1]], dim=1)  # (N, T)
     out = body(
@@ -161,12 +177,12 @@ def _sharing_blocker(model, body, group_size, prompt_ids) -> str | None:
     return None
 
 
-def _completion_hidden(model, tensors, group_size, share_prompt_prefix):
+def _completion_hidden(model, tensors, group_size, share_prompt_prefix, held=None):
     body = _decoder_body(model)
     if share_prompt_prefix:
         blocker = _sharing_blocker(model, body, group_size, tensors[0])
         if blocker is None:
-            hidden = _shared_hidden(body, group_size, *tensors)
+            hidden = _shared_hidden(body, group_size, tensors, held)
             if hidden is not None:
                 return hidden
             blocker = (
@@ -249,6 +265,7 @@ def completion_logprobs(
     pad_to_multiple_of: int | None = None,
     return_aux_loss: bool = False,
     score_mask: torch.LongTensor | None = None,
+    shared_prompt: SharedPromptGrad | None = None,
 ) -> CompletionLogprobs:
     """Log-probs `(N, Tc)` float32 of each completion token (0 where `completion_mask` is 0).
 
@@ -260,7 +277,9 @@ def completion_logprobs(
     is enabled. With `share_prompt_prefix` and `group_size`, rows p*G .. p*G+G-1 must share prompt
     p. Returns a `CompletionLogprobs`: `entropy` `(N, Tc)` when `return_entropy` (detached unless
     `entropy_grad`), else None; `aux_loss` (a scalar, the MoE router load-balancing loss) when
-    `return_aux_loss`, else None.
+    `return_aux_loss`, else None. `shared_prompt` (with `share_prompt_prefix`, for a micro-batch
+    of one prompt's rows, part of a larger group): the group's prompt is encoded once for all its
+    micro-batches and backpropagated by `shared_prompt.after_backward` (core/prompt_grad.py).
     """
     _check_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask, chunk_size)
     prompt_ids, prompt_mask, completion_ids, completion_mask = (
@@ -290,7 +309,7 @@ def completion_logprobs(
         hidden, router_logits, full_mask = _plain_hidden(body, *tensors, router=True)
         aux_loss = moe_load_balancing_loss(model, router_logits, full_mask)
     else:
-        hidden = _completion_hidden(model, tensors, group_size, share_prompt_prefix)  # (N, T, H)
+        hidden = _completion_hidden(model, tensors, group_size, share_prompt_prefix, shared_prompt)
     real = tensors[3] if score_mask is None else score_mask[:, :width] * tensors[3]  # (N, T)
     real = real.bool()
     entropy_mode = ("grad" if entropy_grad else "detached") if return_entropy else ""

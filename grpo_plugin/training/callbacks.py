@@ -14,8 +14,18 @@ from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from .run.rundir import append_metrics
+
+
+def replace_default_callbacks(trainer: Any) -> None:
+    """The Trainer's printer and tqdm bar out; metrics.jsonl and the rich progress bar in."""
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(MetricsJsonlCallback())
+    if not trainer.args.disable_tqdm:
+        trainer.add_callback(RichProgressCallback())
 
 
 class MetricsJsonlCallback(TrainerCallback):

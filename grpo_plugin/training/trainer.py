@@ -29,15 +29,15 @@ from typing import Any
 
 import torch
 from transformers import PreTrainedModel, Trainer
-from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from ..core.batching import PromptBatchSampler, identity_collate, shared_group_size
 from ..core.logprobs import CompletionLogprobs, completion_logprobs
+from ..core.prompt_grad import SharedPromptGrad
 from ..rollout.dynamic_sampling import refill
 from ..rollout.noise import KeyedNoise, RolloutKey
 from ..rollout.types import Rollout, TrainingBatch
 from . import autopilot, distributed
-from .callbacks import MetricsJsonlCallback, RichProgressCallback, SyncRefModelCallback
+from .callbacks import SyncRefModelCallback, replace_default_callbacks
 from .config.checks import warn_on_loss_combinations
 from .config.grpo_config import GRPOConfig
 from .evaluation.setup import check_eval_setup, eval_set_names, prefixed, resolve_eval_metrics
@@ -132,7 +132,7 @@ class GRPOTrainer(TRLAttributes, Trainer):
             callbacks=callbacks,
             optimizers=optimizers,
         )
-        self._replace_default_callbacks()
+        replace_default_callbacks(self)
         self.eval_watch = RewardHackingCallback(prefixed("accuracy", (eval_sets or [""])[0]))
         self.add_callback(self.eval_watch)
         distributed.check_backend(self.accelerator)
@@ -152,6 +152,7 @@ class GRPOTrainer(TRLAttributes, Trainer):
         self._share_group = shared_group_size(
             args.num_generations, args.per_device_train_batch_size
         )
+        self._held_prompt = SharedPromptGrad(args.num_generations)  # a group over micro-batches
 
     def _add_trl_features(self, args: GRPOConfig) -> None:
         """The loss's extras (entropy, MoE router loss; state saved with checkpoints), reward
@@ -163,13 +164,6 @@ class GRPOTrainer(TRLAttributes, Trainer):
                 SyncRefModelCallback.from_args(self.ref_model, args, self.accelerator)
             )
         warn_on_loss_combinations(args)
-
-    def _replace_default_callbacks(self) -> None:
-        self.remove_callback(PrinterCallback)
-        self.remove_callback(ProgressCallback)
-        self.add_callback(MetricsJsonlCallback())
-        if not self.args.disable_tqdm:
-            self.add_callback(RichProgressCallback())
 
     # --- data ----------------------------------------------------------------------------------
     def _get_train_sampler(self, train_dataset=None) -> PromptBatchSampler:
@@ -308,6 +302,7 @@ class GRPOTrainer(TRLAttributes, Trainer):
     def _policy_logps(self, model, batch: TrainingBatch, entropy: bool, loss: bool, sharing=None):
         """`sharing`: (rows per shared prompt, share at all); default the training micro-batch's."""
         group, share = sharing or (self._share_group, self.args.share_prompt_prefix)
+        held = distributed.held_prompt(self.accelerator, self.args, self._held_prompt)
         return completion_logprobs(
             model,
             batch.prompt_ids,
@@ -323,13 +318,19 @@ class GRPOTrainer(TRLAttributes, Trainer):
             entropy_grad=loss and self._objective.needs_entropy_grad,
             pad_to_multiple_of=self.args.pad_to_multiple_of,
             return_aux_loss=loss and self._objective.needs_aux_loss,
+            shared_prompt=held if loss and sharing is None and model.training else None,
         )
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         start = time.perf_counter()
         rollout_keys = ("timing/generate_s", "timing/reward_s")
         spent_before = self._metrics.total(*rollout_keys)
-        loss = super().training_step(model, inputs, num_items_in_batch)
+        try:
+            loss = super().training_step(model, inputs, num_items_in_batch)
+        except BaseException:
+            self._held_prompt.discard()  # the step failed: nothing of it may reach a later one
+            raise
+        self._held_prompt.after_backward(step_ends=self.accelerator.sync_gradients)
         spent = self._metrics.total(*rollout_keys) - spent_before
         self._metrics.add("timing/train_s", time.perf_counter() - start - spent)
         self._metrics.add("step_time", time.perf_counter() - start)  # TRL's, rollout included

@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 import torch
+from conftest import group_batch
 
 from grpo_plugin import _logging
 from grpo_plugin.core.logprobs import completion_logprobs
@@ -19,25 +20,7 @@ GROUP = 3
 
 
 def _group_batch(prompt_lengths=(7, 3), width=6, real_lengths=None, seed=0):
-    """Left-padded prompts of different lengths, G rows each; right-padded completions."""
-    gen = torch.Generator().manual_seed(seed)
-    lp = max(prompt_lengths)
-    prompts = torch.zeros(len(prompt_lengths), lp, dtype=torch.long)
-    prompt_mask = torch.zeros_like(prompts)
-    for row, length in enumerate(prompt_lengths):
-        prompts[row, lp - length :] = torch.randint(5, 90, (length,), generator=gen)
-        prompt_mask[row, lp - length :] = 1
-    rows = len(prompt_lengths) * GROUP
-    completions = torch.randint(5, 90, (rows, width), generator=gen)
-    real_lengths = real_lengths or [width - (r % 4) for r in range(rows)]
-    completion_mask = (torch.arange(width) < torch.tensor(real_lengths)[:, None]).long()
-    completions = completions * completion_mask  # pad id 0 after the end
-    return (
-        prompts.repeat_interleave(GROUP, 0),
-        prompt_mask.repeat_interleave(GROUP, 0),
-        completions,
-        completion_mask,
-    )
+    return group_batch(prompt_lengths, width, real_lengths, seed, group=GROUP)
 
 
 def _naive(model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature=1.0):

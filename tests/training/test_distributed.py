@@ -155,3 +155,31 @@ def test_releasing_the_process_group_frees_what_still_holds_it(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["True", "False", "False"]  # alive, then freed and destroyed
+
+
+@pytest.mark.parametrize(
+    ("micro", "group", "processes", "share", "held"),
+    [
+        (4, 8, 1, True, True),  # a group over 2 micro-batches: its prompt held
+        (8, 8, 1, True, False),  # a whole group per micro-batch: nothing to hold
+        (6, 8, 1, True, False),  # micro-batches cut groups unevenly (blocks of gcd = 2 rows)
+        (1, 8, 1, True, False),  # one row: the prefix-shared forward does not run
+        (4, 8, 2, True, False),  # DDP: a second backward in a step is refused by its reducer
+        (4, 8, 1, False, False),  # share_prompt_prefix=False
+    ],
+)
+def test_a_prompt_is_held_across_micro_batches_only_where_it_is_exact_and_allowed(
+    micro, group, processes, share, held
+):
+    import torch
+
+    from grpo_plugin.core.prompt_grad import SharedPromptGrad
+
+    args = SimpleNamespace(
+        per_device_train_batch_size=micro, num_generations=group, share_prompt_prefix=share
+    )
+    accelerator = SimpleNamespace(num_processes=processes, is_fsdp2=False)
+    store = SharedPromptGrad(group)
+    assert (distributed.held_prompt(accelerator, args, store) is store) is held
+    with torch.no_grad():  # the reference and old-policy passes: never held
+        assert distributed.held_prompt(accelerator, args, store) is None

@@ -385,3 +385,26 @@ def test_bf16_reference_is_a_float32_copy_scored_under_the_same_autocast(
     assert {p.dtype for p in trainer.ref_model.parameters()} == {torch.float32}
     trainer.train()
     assert [h["kl"] for h in trainer.state.log_history if "kl" in h] == [0.0]
+
+
+def test_a_group_over_two_micro_batches_trains_as_when_each_encodes_its_prompt(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """G=8 rows in micro-batches of 4: the prompt is encoded once per group (not once per
+    micro-batch), with the same losses and LoRA weights after 2 steps (core/prompt_grad.py)."""
+    from conftest import assert_same_training, tiny_lora
+
+    from grpo_plugin.training import distributed
+
+    def trained(out, **overrides):
+        split = dict(per_device_train_batch_size=4, gradient_accumulation_steps=4)
+        trainer = make_trainer(tiny_tokenizer, out, peft=tiny_lora(), **split, **overrides)
+        trainer.train()
+        return trainer
+
+    held = trained(tmp_path / "held")
+    assert held._held_prompt.encodings == 4  # 2 prompts per step, 2 steps
+    monkeypatch.setattr(distributed, "held_prompt", lambda *args: None)
+    each = trained(tmp_path / "each")
+    assert each._held_prompt.encodings == 0
+    assert_same_training(held, each)

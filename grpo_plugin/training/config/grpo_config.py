@@ -442,7 +442,9 @@ class GRPOConfig(TrainingArguments):
     )
     share_prompt_prefix: bool = _help(
         "Run each distinct prompt through the model once and share its KV cache with its G "
-        "completions, in generation and in the training forward (exact; faster).",
+        "completions, in generation and in the training forward (exact; faster). When "
+        "per_device_train_batch_size divides num_generations, a group's micro-batches share "
+        "one encoding of the prompt too (one process; core/prompt_grad.py).",
         True,
     )
     overlap_scoring: bool = _help(

@@ -2,10 +2,9 @@
 config asks for reaches the sampler, and a static cache trains exactly as the dynamic one."""
 
 import pytest
-import torch
 
 from grpo_plugin.rollout import static_decode
-from tests.conftest import make_trainer, tiny_lora
+from tests.conftest import assert_same_training, make_trainer, tiny_lora
 
 
 def _trained(tokenizer, tmp_path, **overrides):
@@ -23,15 +22,9 @@ def test_a_static_cache_trains_exactly_as_the_dynamic_one(tiny_tokenizer, tmp_pa
     )
     static = _trained(tiny_tokenizer, tmp_path / "s", cache_implementation="static")
     assert len(calls) == 2  # one static rollout per step
-    keys = ("loss", "reward", "completions/mean_length", "num_tokens")
-    for a, b in zip(dynamic.state.log_history, static.state.log_history):
-        for key in keys:
-            if key in a:
-                assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
-    weights = dict(static.model.named_parameters())
-    for name, param in dynamic.model.named_parameters():
-        if "lora_" in name:
-            torch.testing.assert_close(param, weights[name], rtol=1e-5, atol=1e-6)
+    assert_same_training(
+        dynamic, static, ("loss", "reward", "completions/mean_length", "num_tokens")
+    )
 
 
 def test_a_static_decode_with_a_rollout_func_is_refused_in_one_line(tiny_tokenizer, tmp_path):
