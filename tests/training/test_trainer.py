@@ -408,3 +408,29 @@ def test_a_group_over_two_micro_batches_trains_as_when_each_encodes_its_prompt(
     each = trained(tmp_path / "each")
     assert each._held_prompt.encodings == 0
     assert_same_training(held, each)
+
+
+def test_a_failed_micro_batch_leaves_no_prompt_held(tiny_tokenizer, tmp_path, monkeypatch):
+    """The second micro-batch of a group fails: the group's held prompt is dropped, not carried
+    into whatever runs next (a resume in the same process)."""
+    from conftest import tiny_lora
+
+    from grpo_plugin.training.run import guards
+
+    trainer = make_trainer(tiny_tokenizer, tmp_path, peft=tiny_lora(),
+                           per_device_train_batch_size=4, gradient_accumulation_steps=4)  # fmt: skip
+    calls, held_then = [], []
+    original = guards.check_loss
+
+    def failing_second(loss, step):
+        calls.append(step)
+        held_then.append(trainer._held_prompt.holds_prompt)
+        if len(calls) == 2:
+            raise RuntimeError("the loss of micro-batch 2 went wrong")
+        return original(loss, step)
+
+    monkeypatch.setattr(guards, "check_loss", failing_second)
+    with pytest.raises(RuntimeError, match="micro-batch 2"):
+        trainer.train()
+    assert held_then == [True, True]  # the group's prompt was held when it failed
+    assert not trainer._held_prompt.holds_prompt and trainer._held_prompt.encodings == 1
