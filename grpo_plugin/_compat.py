@@ -211,15 +211,15 @@ def static_cache_from(cache, config, max_cache_len: int):
     layers are not all plain full-attention ones (sliding window, hybrid, remote code)."""
     from transformers import StaticCache
 
-    layers = getattr(cache, "layers", None)
-    if not layers or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
+    tensors = cache_tensors(cache)
+    if tensors is None:
         return None
     static = StaticCache(config=config, max_cache_len=max_cache_len)
     kinds = [type(layer).__name__ for layer in getattr(static, "layers", [])]
-    if len(kinds) != len(layers) or any(kind != "StaticLayer" for kind in kinds):
+    if len(kinds) != len(tensors) or any(kind != "StaticLayer" for kind in kinds):
         return None
-    for index, layer in enumerate(layers):
-        static.update(layer.keys, layer.values, index)
+    for index, (keys, values) in enumerate(tensors):
+        static.update(keys, values, index)
     return static
 
 
