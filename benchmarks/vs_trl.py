@@ -82,6 +82,10 @@ class Child:
         return self.expect("step")
 
     def finish(self) -> dict[str, Any]:
+        """Let the child end its run (it waits after its last step; see `lockstep_callback`)."""
+        if self.proc.poll() is None:
+            self.proc.stdin.write("end\n")
+            self.proc.stdin.flush()
         done = self.expect("done")
         self.proc.wait()
         self.log.close()
@@ -112,6 +116,7 @@ def child_flags(opts, **overrides: Any) -> list[str]:
         "device": opts.device,
         "memory_limit_gb": opts.memory_limit_gb,
         "micro_batch": opts.micro_batch,
+        "ours_micro_batch": opts.ours_micro_batch,
         "ours_src": opts.ours_src,
         "ours_rollout_precision": opts.ours_rollout_precision,
         **overrides,
@@ -317,6 +322,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="bf16=True and bf16 weights for both (LoRA adapters stay fp32)")  # fmt: skip
     p.add_argument("--micro-batch", type=int, default=None,
                    help="rows per micro-batch for both (accumulation makes up the step)")  # fmt: skip
+    p.add_argument("--ours-micro-batch", type=int, default=None,
+                   help="ours: rows per micro-batch, where it differs from TRL's (--micro-batch)")  # fmt: skip
     p.add_argument("--ours-auto-batch", action="store_true",
                    help="ours: auto_find_batch_size=True (the autopilot picks its split)")  # fmt: skip
     p.add_argument("--ours-rollout-precision", default="policy", choices=["policy", "auto", "bf16", "fp16"],

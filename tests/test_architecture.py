@@ -106,13 +106,18 @@ TRAINING_ROOMS: list[tuple[str, set[str], str]] = [
     ("distributed", set(), "processes: shards, gathers, launch checks"),
     ("metrics", set(), "the metrics window, zero-std watch, TRL-named reward metrics"),
     ("policy", set(), "loading the policy, reference, LoRA / QLoRA"),
+    ("cpu_memory", set(), "malloc keeps freed memory for the next step on a CPU"),
     (
         "rewards",
         {"distributed", "user_code"},
         "reward functions and models, the scorer and its watchdog",
     ),
     ("trl_attributes", {"rewards"}, "TRL's public trainer attributes, read-only views"),
-    ("run", {"distributed", "metrics", "rewards"}, "the run dir, checkpoints, resume, RunState"),
+    (
+        "run",
+        {"cpu_memory", "distributed", "metrics", "rewards"},
+        "the run dir, checkpoints, resume, RunState",
+    ),
     ("callbacks", {"policy", "run"}, "progress, metrics.jsonl, reference syncing"),
     ("objective", {"distributed", "policy", "run"}, "advantages, the loss and its extras"),
     (

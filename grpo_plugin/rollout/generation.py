@@ -36,6 +36,7 @@ from .._compat import (
     can_drop_cache_rows,
     expand_cache,
     keep_bnb_4bit_weights_trainable,
+    last_position_to_keep,
     output_cache,
     unwrap_peft,
 )
@@ -58,7 +59,7 @@ class _Decoder:
     def __call__(self, input_ids, attention_mask, position_ids, cache=None):
         kwargs = {self.cache_arg: cache, "use_cache": True}
         if self.keeps_last_only:
-            kwargs["logits_to_keep"] = 1
+            kwargs["logits_to_keep"] = last_position_to_keep(input_ids.size(1))
         out = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
         )

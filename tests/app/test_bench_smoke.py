@@ -46,6 +46,22 @@ def test_micro_batch_must_divide_the_rows_of_a_step(bench):
         child.batch_split(bench.parse_args(["--micro-batch", "5"]))
 
 
+def test_ours_micro_batch_splits_ours_only(bench):
+    child = load_script(REPO_ROOT / "benchmarks" / "vs_trl_child.py", "vs_trl_child")
+    opts = bench.parse_args(["--ours-micro-batch", "8"])
+    flags = bench.child_flags(opts, config="short")
+    ours = bench.parse_args(["--child", "--trainer", "ours", *flags])
+    trl = bench.parse_args(["--child", "--trainer", "trl", *flags])
+    assert child.batch_split(ours) == {
+        "per_device_train_batch_size": 8,
+        "gradient_accumulation_steps": 2,
+    }
+    assert child.batch_split(trl) == {
+        "per_device_train_batch_size": 16,
+        "gradient_accumulation_steps": 1,
+    }
+
+
 def test_one_lockstep_step_of_each_trainer(bench, tiny_model_dir, tmp_path):
     out = tmp_path / "bench.json"
     argv = ["--configs", "short", "--model-dir", str(tiny_model_dir), "--steps", "1",

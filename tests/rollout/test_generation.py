@@ -272,3 +272,25 @@ def test_dropping_finished_rows_changes_nothing(tiny_tokenizer, tiny_model, monk
     hf = _hf_greedy(tiny_model, compacted, 10, [eos])
     masked = hf[:, : compacted.completion_ids.size(1)] * compacted.completion_mask
     assert torch.equal(masked, compacted.completion_ids * compacted.completion_mask)
+
+
+def test_the_prefill_keeps_its_last_position_as_a_contiguous_gather(tiny_tokenizer):
+    """`last_position_to_keep`: an index tensor for a prefill (transformers gathers a contiguous
+    `(B, 1, H)`, which torch multiplies as one matrix product), 1 for a decode step; the logits
+    equal the sliced path's."""
+    from grpo_plugin._compat import last_position_to_keep
+
+    assert last_position_to_keep(1) == 1
+    index = last_position_to_keep(7)
+    assert isinstance(index, torch.Tensor) and index.tolist() == [6]
+    model = make_tiny_model(tiny_tokenizer).eval()
+    ids = torch.randint(3, 50, (2, 7))
+    seen = []
+    head = model.get_output_embeddings()
+    hook = head.register_forward_pre_hook(lambda m, args: seen.append(args[0].is_contiguous()))
+    with torch.no_grad():
+        sliced = model(input_ids=ids, logits_to_keep=1).logits
+        gathered = model(input_ids=ids, logits_to_keep=index).logits
+    hook.remove()
+    assert seen == [False, True]  # the slice is a strided view; the gather is contiguous
+    torch.testing.assert_close(gathered, sliced, rtol=1e-6, atol=1e-6)

