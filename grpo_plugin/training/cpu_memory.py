@@ -16,9 +16,9 @@ Two settings, applied once when training starts with the policy on the CPU:
 Measured (`short` config, bf16 rollout copy, 16 x 1, Xeon, 2026-12-05, a throwaway per-step
 trace of `ru_minflt`): without, 3.5-3.9 s per step; with the chunk cut and the first two malloc
 settings, 3.0-3.5 s and 600-35,000 page faults per step; with the single arena as well,
-3.13-3.20 s and 2-3,650 faults. Either setting alone gained little. Results are unchanged: the chunking
-changes no number (each position's log-softmax is computed whole), and malloc settings only
-change where memory comes from.
+3.13-3.20 s and 2-3,650 faults. Either setting alone gained little. Results are unchanged: the
+chunking changes no number (each position's log-softmax is computed whole), and malloc settings
+only change where memory comes from.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .._compat import HEAP_BLOCK_BYTES, reuse_freed_cpu_memory, unwrap_peft
+from .._compat import HEAP_BLOCK_BYTES, reuse_freed_cpu_memory
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +46,7 @@ def prepare(trainer: Any) -> None:
     if not reuse_freed_cpu_memory():
         logger.info("cpu_memory_reuse: the C library is not glibc; malloc left as it is")
         return
-    head = unwrap_peft(trainer.model).get_output_embeddings()
-    vocab = head.weight.shape[0] if head is not None else trainer.model.config.vocab_size
+    vocab = trainer.model.get_output_embeddings().weight.shape[0]  # as the autopilot reads it
     chunk = min(a.logprob_chunk_size, heap_chunk_size(vocab))
     if chunk < a.logprob_chunk_size:
         logger.info(

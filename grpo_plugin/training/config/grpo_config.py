@@ -461,10 +461,11 @@ class GRPOConfig(TrainingArguments):
     cpu_memory_reuse: bool = _help(
         "Training on a CPU (Linux, glibc): keep freed memory in the process for the next step "
         "instead of returning each large tensor's pages to the OS (malloc serves blocks up to "
-        "32 MB from its heap, in one arena, and keeps up to 256 MB free), and cut logprob_chunk_size so that "
-        "the LM head's chunks stay under 32 MB. Saves faulting in fresh pages every step: "
-        "3.5-3.9 -> 3.1-3.2 s per step on the `short` benchmark (2-core Xeon). Process-wide; "
-        "the resident memory stays near its peak between steps. Results are unchanged.",
+        "32 MB from its heap, in one arena, and keeps up to 256 MB free), and cut "
+        "logprob_chunk_size so that the LM head's chunks stay under 32 MB. Saves faulting in "
+        "fresh pages every step: 3.5-3.9 -> 3.1-3.2 s per step on the `short` benchmark (2-core "
+        "Xeon, 2026-12-05). Process-wide; the resident memory stays near its peak between "
+        "steps. Results are unchanged.",
         True,
     )
 
