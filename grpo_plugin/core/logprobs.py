@@ -7,7 +7,8 @@ per-token quantity of the GRPO objective (DeepSeekMath, eq. 3, https://arxiv.org
   completion positions (the hidden state at the last prompt token predicts completion token 0),
   `chunk_size` positions at a time, in float32, on `logits / temperature` as TRL does. With grad
   enabled each chunk (head + log-softmax + gather) is wrapped in `torch.utils.checkpoint`, so no
-  (N x Tc x V) logits tensor is ever held for backward.
+  (N x Tc x V) logits tensor is ever held for backward; a frozen head (LoRA, QLoRA) instead takes
+  each position's gradient in the forward (`frozen_head.py`: no recompute).
 - All-pad prompt columns (left) and completion columns past the longest real completion (right)
   are trimmed before the model runs; results are padded back to (N, Tc) with zeros.
 - Prefix-shared forward (`share_prompt_prefix` with `group_size` G): rows p*G .. p*G+G-1 share
@@ -49,6 +50,7 @@ from .._compat import (
     unwrap_peft,
 )
 from .._logging import warn_once
+from .frozen_head import frozen_head_logps, is_frozen_linear
 from .prompt_grad import SharedPromptGrad
 from .tensors import position_ids_from_mask
 
@@ -220,11 +222,15 @@ def _chunked_head(model, hidden, targets, temperature, chunk_size, want_entropy)
     head = base.get_output_embeddings()
     softcap = getattr(base.config, "final_logit_softcapping", None)
     use_checkpoint = torch.is_grad_enabled() and hidden.requires_grad
+    # a frozen head (LoRA, QLoRA): each position's gradient is taken in the forward, no recompute
+    frozen = use_checkpoint and want_entropy != "grad" and is_frozen_linear(head)
     logps, entropies = [], []
     for start in range(0, hidden.size(0), chunk_size):
         args = (head, hidden[start : start + chunk_size], targets[start : start + chunk_size])
         args += (temperature, softcap, want_entropy)
-        if use_checkpoint:
+        if frozen:
+            chunk_logps, chunk_entropy = frozen_head_logps(*args[:5], bool(want_entropy))
+        elif use_checkpoint:
             chunk_logps, chunk_entropy = checkpoint(_chunk_logps, *args, use_reentrant=False)
         else:
             chunk_logps, chunk_entropy = _chunk_logps(*args)

@@ -79,7 +79,11 @@ class RolloutSampler:
             return rollout_from_func(self.rollout_func, rows, self.trainer, a.num_generations)
         model = self._rollout_model(model)
         settings = group_sampling(a, self.tool_setup, record_logprobs=self.copy is not None)
-        return sample_groups(model, tokenizer, rows, settings, noise=noise, on_step=on_step)
+        try:
+            return sample_groups(model, tokenizer, rows, settings, noise=noise, on_step=on_step)
+        finally:
+            if self.copy is not None:
+                self.copy.release()  # its memory goes to training until the next rollout
 
     def sample_and_score(self, model, rows, noise, rewards) -> tuple[Rollout, dict[str, float]]:
         """The scored rollout and its seconds (`generate_s`, `reward_s`; with `overlap_scoring`

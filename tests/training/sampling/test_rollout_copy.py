@@ -50,6 +50,33 @@ def test_a_bf16_copy_computes_the_merged_policy_and_follows_its_updates(tiny_tok
     assert fresh < 0.05
 
 
+def test_a_released_bf16_copy_holds_no_trained_weights_and_comes_back_the_same(tiny_tokenizer):
+    policy, ids = _lora_policy(tiny_tokenizer), torch.tensor([[5, 6, 7, 8, 9]])
+    rollout_copy = RolloutCopy("bf16")
+    model = rollout_copy.refresh(policy, version=0)
+    before = _logits(model, ids)
+    adapted = [m.weight for n, m in model.named_modules() if n.endswith(("q_proj", "down_proj"))]
+    held = sum(w.untyped_storage().nbytes() for w in adapted)
+    assert held > 0
+    rollout_copy.release()
+    rollout_copy.release()  # twice: still released, still refreshable
+    assert sum(w.untyped_storage().nbytes() for w in adapted) == 0
+    embedding = model.get_input_embeddings().weight  # frozen: cast once, kept
+    assert embedding.untyped_storage().nbytes() == embedding.numel() * 2
+    assert rollout_copy.refresh(policy, version=0) is model  # same version, yet filled again
+    assert sum(w.untyped_storage().nbytes() for w in adapted) == held
+    assert torch.equal(_logits(model, ids), before)
+
+
+def test_an_fp16_copy_is_not_released(tiny_tokenizer):
+    policy, ids = _lora_policy(tiny_tokenizer), torch.tensor([[5, 6, 7, 8, 9]])
+    rollout_copy = RolloutCopy("fp16")
+    model = rollout_copy.refresh(policy, version=0)
+    before = _logits(model, ids)
+    rollout_copy.release()  # packed fp16 weights cannot be freed apart: nothing happens
+    assert torch.equal(_logits(model, ids), before)
+
+
 def test_an_fp16_copy_of_a_lora_policy_reads_the_adapters_live(tiny_tokenizer):
     """fp16 + LoRA: the base weights are packed once and the policy's own adapters run beside
     them, so an optimizer step reaches the copy with nothing refreshed (no repacking)."""
@@ -176,6 +203,9 @@ def test_training_from_a_bf16_copy_logs_the_mismatch(tiny_tokenizer, tmp_path):
         assert 0 < row["sampling/sampling_logp_difference/mean"] < 0.05
         assert 0.9 < row["sampling/importance_sampling_ratio/mean"] < 1.1
         assert row["sampling/importance_sampling_bounded"] == 0.0
+    weights = [p for p in trainer._sampler.copy.model.parameters() if p.dim() == 2]
+    released = [p for p in weights if p.untyped_storage().nbytes() == 0]
+    assert 0 < len(released) < len(weights)  # the merged layers, freed for training; not the rest
     plain = _trained(tiny_tokenizer, tmp_path / "plain")
     assert not any(k.startswith("sampling/") for r in plain.state.log_history for k in r)
 
