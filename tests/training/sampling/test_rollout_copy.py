@@ -122,12 +122,16 @@ def test_an_fp16_copy_moves_the_log_probs_less_than_a_bf16_copy(tiny_tokenizer):
     assert 0 < gap("fp16") < gap("bf16") / 4
 
 
-def test_an_fp16_copy_of_a_fully_trained_tied_model_refreshes_the_lm_head(tiny_tokenizer):
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_copy_of_a_fully_trained_tied_model_follows_the_lm_head(tiny_tokenizer, precision):
     policy = make_tiny_model(tiny_tokenizer)
     policy.lm_head.weight = policy.model.embed_tokens.weight  # tied, as SmolLM2's
     ids = torch.tensor([[5, 6, 7]])
-    rollout_copy = RolloutCopy("fp16")
+    rollout_copy = RolloutCopy(precision)
     model = rollout_copy.refresh(policy, version=0)
+    rollout_copy.release()  # bf16: every weight trains, so all are freed; fp16: nothing is
+    freed = [p.untyped_storage().nbytes() == 0 for p in model.parameters()]
+    assert all(freed) if precision == "bf16" else not any(freed)
     with torch.no_grad():
         policy.model.embed_tokens.weight.mul_(3.0)
     rollout_copy.refresh(policy, version=1)
