@@ -8,7 +8,7 @@ per-token quantity of the GRPO objective (DeepSeekMath, eq. 3, https://arxiv.org
   `chunk_size` positions at a time, in float32, on `logits / temperature` as TRL does. With grad
   enabled each chunk (head + log-softmax + gather) is wrapped in `torch.utils.checkpoint`, so no
   (N x Tc x V) logits tensor is ever held for backward; a frozen head (LoRA, QLoRA) instead takes
-  each position's gradient in the forward (`frozen_head.py`: no recompute).
+  each position's gradient in the forward (`lm_head.py`: no recompute).
 - All-pad prompt columns (left) and completion columns past the longest real completion (right)
   are trimmed before the model runs; results are padded back to (N, Tc) with zeros.
 - Prefix-shared forward (`share_prompt_prefix` with `group_size` G): rows p*G .. p*G+G-1 share
@@ -50,7 +50,7 @@ from .._compat import (
     unwrap_peft,
 )
 from .._logging import warn_once
-from .frozen_head import frozen_head_logps, is_frozen_linear
+from .lm_head import chunk_logps, frozen_head_logps, is_frozen_linear
 from .prompt_grad import SharedPromptGrad
 from .tensors import position_ids_from_mask
 
@@ -198,24 +198,6 @@ def _completion_hidden(model, tensors, group_size, share_prompt_prefix, held=Non
     return _plain_hidden(body, *tensors)
 
 
-def _chunk_logps(head, hidden, targets, temperature: float, softcap: float | None, entropy: str):
-    """Head + float32 log-softmax + gather for one chunk: `(C, H)` -> `(C,)` log-probs (and entropy:
-    `entropy` is "" for none, "detached" or "grad")."""
-    logits = head(hidden).float()  # (C, V); the matmul does not save its output: in-place is safe
-    if softcap:
-        logits = torch.tanh(logits / softcap) * softcap
-    if temperature != 1.0:
-        logits = logits.div_(temperature)
-    log_norm = torch.logsumexp(logits, dim=-1)  # (C,)
-    logps = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm
-    if not entropy:
-        return logps, logps.new_zeros(0)
-    with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):
-        log_probs = logits - log_norm.unsqueeze(-1)
-        token_entropy = -(log_probs.exp() * log_probs).sum(-1)  # (C,)
-    return logps, token_entropy
-
-
 def _chunked_head(model, hidden, targets, temperature, chunk_size, want_entropy):
     """Run the LM head over `(M, H)` selected positions in chunks; returns `(M,)` logps and entropy."""
     base = unwrap_peft(model)
@@ -226,16 +208,16 @@ def _chunked_head(model, hidden, targets, temperature, chunk_size, want_entropy)
     frozen = use_checkpoint and want_entropy != "grad" and is_frozen_linear(head)
     logps, entropies = [], []
     for start in range(0, hidden.size(0), chunk_size):
-        args = (head, hidden[start : start + chunk_size], targets[start : start + chunk_size])
-        args += (temperature, softcap, want_entropy)
+        chunk = (head, hidden[start : start + chunk_size], targets[start : start + chunk_size])
         if frozen:
-            chunk_logps, chunk_entropy = frozen_head_logps(*args[:5], bool(want_entropy))
+            scored = frozen_head_logps(*chunk, temperature, softcap, bool(want_entropy))
         elif use_checkpoint:
-            chunk_logps, chunk_entropy = checkpoint(_chunk_logps, *args, use_reentrant=False)
+            args = (*chunk, temperature, softcap, want_entropy)
+            scored = checkpoint(chunk_logps, *args, use_reentrant=False)
         else:
-            chunk_logps, chunk_entropy = _chunk_logps(*args)
-        logps.append(chunk_logps)
-        entropies.append(chunk_entropy)
+            scored = chunk_logps(*chunk, temperature, softcap, want_entropy)
+        logps.append(scored[0])
+        entropies.append(scored[1])
     return torch.cat(logps), torch.cat(entropies)
 
 

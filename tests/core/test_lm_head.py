@@ -1,5 +1,5 @@
-"""The frozen LM head's log-probs with their gradient taken in the forward
-(`grpo_plugin/core/frozen_head.py`), against the checkpointed chunk path and by hand."""
+"""The LM head's scoring of a chunk (`grpo_plugin/core/lm_head.py`): the frozen head's
+log-probs with their gradient taken in the forward, against the checkpointed path and by hand."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from conftest import group_batch
 
 from grpo_plugin.core import logprobs as logprobs_module
-from grpo_plugin.core.frozen_head import frozen_head_logps, is_frozen_linear
+from grpo_plugin.core.lm_head import frozen_head_logps, is_frozen_linear
 from grpo_plugin.core.logprobs import completion_logprobs
 
 

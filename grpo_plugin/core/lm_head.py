@@ -1,0 +1,114 @@
+"""One chunk of completion positions through the LM head: `(C, H)` hidden states -> `(C,)`
+log-probs of their tokens, the scoring `logprobs._chunked_head` runs chunk by chunk.
+
+`chunk_logps` is the general form: head, float32 logits (soft cap, temperature), log-softmax,
+gather. With grad it runs under `torch.utils.checkpoint`, so backward runs the head and the
+log-softmax again. `frozen_head_logps` is the form for a head that does not train.
+
+A position with hidden state h `(H,)` scores its token t through the head's logits
+z = s(h W^T + b) / T `(V,)` (s: Gemma's soft cap, `cap * tanh(x / cap)`, or none; T: the
+temperature): log p_t = z_t - logsumexp(z). When the head is frozen (LoRA and QLoRA never train
+it) the only gradient backward needs is the one with respect to h, and that is one vector per
+position:
+
+    d log p_t / d h = ((e_t - p) * s') W / T        p = softmax(z), s' = ds/dx, e_t one-hot
+
+The forward computes it straight away, with the one `(C, V) x (V, H)` matmul backward would run,
+and saves only that `(C, H)` Jacobian; backward scales it by the incoming gradient: one
+`(C, H) x (H, V)` matmul and several passes over `(C, V)` fewer per chunk than the checkpointed
+general form, whose recompute is the largest matmul of a small model's training step. Both forms
+score through `scaled_logits` and `_token_logps`, so their log-probs are equal bit for bit; their
+gradients are equal to float rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["chunk_logps", "frozen_head_logps", "is_frozen_linear", "scaled_logits"]
+
+
+def scaled_logits(raw: torch.Tensor, temperature: float, softcap: float | None):
+    """The logits a token is scored on, from the head's float32 output `raw` `(C, V)` (modified in
+    place): Gemma-style soft cap `cap * tanh(x / cap)` when set, then `/ temperature`. Returns them
+    and `tanh(x / cap)` (None without a cap), whose derivative the frozen form needs."""
+    capped = None
+    if softcap:
+        capped = torch.tanh(raw / softcap)  # (C, V)
+        raw = capped * softcap
+    if temperature != 1.0:
+        raw = raw.div_(temperature)
+    return raw, capped
+
+
+def _token_logps(logits: torch.Tensor, targets: torch.Tensor):
+    """`(C,)` log-probs of `targets` under `logits` `(C, V)`, and the `(C,)` log-normaliser."""
+    log_norm = torch.logsumexp(logits, dim=-1)  # (C,)
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm, log_norm
+
+
+def chunk_logps(head, hidden, targets, temperature: float, softcap: float | None, entropy: str):
+    """Head + float32 log-softmax + gather for one chunk: `(C, H)` -> `(C,)` log-probs (and entropy:
+    `entropy` is "" for none, "detached" or "grad")."""
+    raw = head(hidden).float()  # (C, V); the matmul does not save its output: in-place is safe
+    logits, _ = scaled_logits(raw, temperature, softcap)
+    logps, log_norm = _token_logps(logits, targets)
+    if not entropy:
+        return logps, logps.new_zeros(0)
+    with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):
+        log_probs = logits - log_norm.unsqueeze(-1)
+        token_entropy = -(log_probs.exp() * log_probs).sum(-1)  # (C,)
+    return logps, token_entropy
+
+
+def is_frozen_linear(head: torch.nn.Module) -> bool:
+    """True for a plain `nn.Linear` head none of whose parameters train."""
+    return type(head) is torch.nn.Linear and not any(p.requires_grad for p in head.parameters())
+
+
+class _FrozenHeadLogps(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, head, targets, scoring):
+        # hidden (C, H); targets (C,) int64; scoring: (temperature, softcap, want_entropy)
+        temperature, softcap, want_entropy = scoring
+        logits, capped = scaled_logits(head(hidden).float(), temperature, softcap)  # (C, V)
+        slope = None if capped is None else 1.0 - capped * capped  # s'(x) of the soft cap
+        logps, log_norm = _token_logps(logits, targets)  # (C,), (C,)
+        log_probs = logits.sub_(log_norm.unsqueeze(-1))  # (C, V), in place: logits are done
+        probs = log_probs.exp()  # (C, V)
+        entropy = -(probs * log_probs).sum(-1) if want_entropy else logps.new_zeros(0)  # (C,)
+        del log_probs, logits, capped
+        direction = probs.neg_()  # (C, V): e_t - p, built in place
+        rows = torch.arange(targets.numel(), device=targets.device)
+        direction[rows, targets] += 1.0
+        if slope is not None:
+            direction.mul_(slope)
+        weight = head.weight  # (V, H)
+        jacobian = (direction.to(weight.dtype) @ weight).float()  # (C, H)
+        if temperature != 1.0:
+            jacobian.div_(temperature)
+        ctx.hidden_dtype = hidden.dtype
+        ctx.save_for_backward(jacobian)
+        ctx.mark_non_differentiable(entropy)
+        return logps, entropy
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_logps, _grad_entropy):
+        (jacobian,) = ctx.saved_tensors  # (C, H)
+        grad_hidden = (grad_logps.unsqueeze(-1) * jacobian).to(ctx.hidden_dtype)  # (C, H)
+        return grad_hidden, None, None, None
+
+
+def frozen_head_logps(
+    head: torch.nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    softcap: float | None,
+    want_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(C,)` float32 log-probs of `targets` under `head(hidden)` `(C, H)` (and their `(C,)`
+    detached entropies when `want_entropy`, else an empty tensor), differentiable with respect to
+    `hidden` only: `head` must be frozen (`is_frozen_linear`)."""
+    return _FrozenHeadLogps.apply(hidden, head, targets, (temperature, softcap, want_entropy))
