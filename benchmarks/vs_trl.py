@@ -101,6 +101,7 @@ def child_flags(opts, **overrides: Any) -> list[str]:
             "fixed_length",
             "ours_auto_batch",
             "ours_compile_decode",
+            "ours_padded",
         )
         if overrides.pop(name, getattr(opts, name, False))
     ]
@@ -330,6 +331,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="ours: rollout_precision (a bf16 / fp16 rollout copy, corrected)")  # fmt: skip
     p.add_argument("--ours-compile-decode", action="store_true",
                    help="ours: compile_decode=True (a static cache, the decode step compiled)")  # fmt: skip
+    p.add_argument("--ours-padded", action="store_true",
+                   help="ours: padding_free=False (the training forward over padded rows)")  # fmt: skip
     p.add_argument("--ours-src", default=None,
                    help="ours from this checkout's grpo_plugin (e.g. a git worktree): before/after")  # fmt: skip
     p.add_argument("--fixed-length", action="store_true",

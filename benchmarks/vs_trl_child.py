@@ -246,6 +246,8 @@ def build_trainer(opts, dataset, output_dir: str):
             auto["rollout_precision"] = opts.ours_rollout_precision
         if opts.ours_compile_decode:  # not passed to an older checkout's config
             auto["compile_decode"] = True
+        if opts.ours_padded:  # not passed to an older checkout's config
+            auto["padding_free"] = False
         args = GRPOConfig(**shared, share_prompt_prefix=True, **auto)
     return GRPOTrainer(
         model=opts.model_dir,

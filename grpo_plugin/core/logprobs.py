@@ -19,7 +19,9 @@ per-token quantity of the GRPO objective (DeepSeekMath, eq. 3, https://arxiv.org
   custom attention kernel. Unsupported cases (active gradient checkpointing, which makes HF drop
   the cache; no batch-expandable cache; groups whose prompts differ) fall back to the plain forward
   with a single warning. A group split over several micro-batches can share its prompt across
-  them too (`shared_prompt`, core/prompt_grad.py).
+  them too (`shared_prompt`, core/prompt_grad.py). With `padding_free` the completions run
+  packed into one row of real tokens (core/padding_free.py): the same result without the
+  padding's share of the layers' matrix products.
 
 - MoE router auxiliary loss (`return_aux_loss`): the plain forward runs with
   `output_router_logits=True` and the model's own load-balancing loss (Switch Transformer eqs. 4-6,
@@ -42,6 +44,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .._compat import (
     cache_argument_name,
+    cache_tensors,
     expand_cache,
     gradient_checkpointing_active,
     keep_bnb_4bit_weights_trainable,
@@ -51,6 +54,7 @@ from .._compat import (
 )
 from .._logging import warn_once
 from .lm_head import chunk_logps, frozen_head_logps, is_frozen_linear
+from .padding_free import PackedRows, packed_suffix_hidden
 from .prompt_grad import SharedPromptGrad
 from .tensors import position_ids_from_mask
 
@@ -121,11 +125,12 @@ def _plain_hidden(body, prompt_ids, prompt_mask, completion_ids, completion_mask
     return (hidden, out.router_logits, mask) if router else hidden
 
 
-def _shared_hidden(body, group, tensors, held):
+def _shared_hidden(body, group, tensors, held, padding_free=False):
     """Prompt prefix encoded once per group, its cache expanded to G rows; None if unsupported.
     `tensors`: the trimmed (prompt_ids, prompt_mask, completion_ids, completion_mask). `held` (a
     `SharedPromptGrad`, or None): a micro-batch that is one part of a larger group runs against
-    the group's prompt encoded once, by its first micro-batch."""
+    the group's prompt encoded once, by its first micro-batch. `padding_free`: the completions
+    run packed into one row when that drops enough padding (core/padding_free.py)."""
     prompt_ids, prompt_mask, completion_ids, completion_mask = tensors
     prompt_len, width = prompt_ids.size(1), completion_ids.size(1)
     mask = torch.cat([prompt_mask, completion_mask], dim=1)  # (N, Lp + T)
@@ -142,20 +147,31 @@ def _shared_hidden(body, group, tensors, held):
         )
         return output_cache(prefix)
 
-    cache = None
+    cache, expanded = None, False
     if held is not None and prompt_ids.size(0) == group:  # one prompt in this micro-batch
         cache = held.cache_for(prompt_ids[:1, :-1], prompt_mask[:1, :-1], group, encode)
+        expanded = cache is not None
     if cache is None:
         cache = encode()
-        if cache is None or not expand_cache(cache, group):
-            return None
-    if cache.get_seq_length() != prompt_len - 1:
+    if cache is None or cache.get_seq_length() != prompt_len - 1:
         return None
     suffix_ids = torch.cat([prompt_ids[:, -1:], completion_ids[:, :-1]], dim=1)  # (N, T)
+    suffix_positions = positions[:, prompt_len - 1 : prompt_len - 1 + width]  # (N, T)
+    if padding_free:
+        layout = PackedRows(
+            prompt_mask[:, :-1], mask[:, prompt_len - 1 : -1], completion_mask, group
+        )
+        prefix = cache_tensors(cache)
+        if layout.saves_enough and prefix is not None:
+            hidden = packed_suffix_hidden(body, prefix, layout, suffix_ids, suffix_positions)
+            if hidden is not None:
+                return hidden
+    if not expanded and not expand_cache(cache, group):
+        return None
     out = body(
         input_ids=suffix_ids,
         attention_mask=mask[:, :-1],  # cached prefix + suffix keys
-        position_ids=positions[:, prompt_len - 1 : prompt_len - 1 + width],
+        position_ids=suffix_positions,
         use_cache=True,
         **{cache_arg: cache},
     )
@@ -179,12 +195,12 @@ def _sharing_blocker(model, body, group_size, prompt_ids) -> str | None:
     return None
 
 
-def _completion_hidden(model, tensors, group_size, share_prompt_prefix, held=None):
+def _completion_hidden(model, tensors, group_size, share_prompt_prefix, held, padding_free):
     body = _decoder_body(model)
     if share_prompt_prefix:
         blocker = _sharing_blocker(model, body, group_size, tensors[0])
         if blocker is None:
-            hidden = _shared_hidden(body, group_size, tensors, held)
+            hidden = _shared_hidden(body, group_size, tensors, held, padding_free)
             if hidden is not None:
                 return hidden
             blocker = (
@@ -254,6 +270,7 @@ def completion_logprobs(
     return_aux_loss: bool = False,
     score_mask: torch.LongTensor | None = None,
     shared_prompt: SharedPromptGrad | None = None,
+    padding_free: bool = False,
 ) -> CompletionLogprobs:
     """Log-probs `(N, Tc)` float32 of each completion token (0 where `completion_mask` is 0).
 
@@ -268,6 +285,8 @@ def completion_logprobs(
     `return_aux_loss`, else None. `shared_prompt` (with `share_prompt_prefix`, for a micro-batch
     of one prompt's rows, part of a larger group): the group's prompt is encoded once for all its
     micro-batches and backpropagated by `shared_prompt.after_backward` (core/prompt_grad.py).
+    `padding_free` (with the prefix-shared forward): the completions' real tokens run packed
+    into one row, attention in the row layout (core/padding_free.py); same result, fewer FLOPs.
     """
     _check_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask, chunk_size)
     prompt_ids, prompt_mask, completion_ids, completion_mask = (
@@ -297,7 +316,14 @@ def completion_logprobs(
         hidden, router_logits, full_mask = _plain_hidden(body, *tensors, router=True)
         aux_loss = moe_load_balancing_loss(model, router_logits, full_mask)
     else:
-        hidden = _completion_hidden(model, tensors, group_size, share_prompt_prefix, shared_prompt)
+        hidden = _completion_hidden(
+            model,
+            tensors,
+            group_size,
+            share_prompt_prefix,
+            shared_prompt,
+            padding_free and not pad_to_multiple_of,  # fixed shapes were asked for
+        )
     real = tensors[3] if score_mask is None else score_mask[:, :width] * tensors[3]  # (N, T)
     real = real.bool()
     entropy_mode = ("grad" if entropy_grad else "detached") if return_entropy else ""

@@ -319,6 +319,7 @@ class GRPOTrainer(TRLAttributes, Trainer):
             pad_to_multiple_of=self.args.pad_to_multiple_of,
             return_aux_loss=loss and self._objective.needs_aux_loss,
             shared_prompt=held if loss and sharing is None and model.training else None,
+            padding_free=self.args.padding_free,
         )
 
     def training_step(self, model, inputs, num_items_in_batch=None):

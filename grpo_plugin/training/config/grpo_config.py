@@ -447,6 +447,14 @@ class GRPOConfig(TrainingArguments):
         "one encoding of the prompt too (one process; core/prompt_grad.py).",
         True,
     )
+    padding_free: bool = _help(
+        "With share_prompt_prefix, run the training forward's completion tokens packed into one "
+        "row, without the padding after each shorter completion: the layers' matrix products "
+        "see real tokens only, attention keeps each row's own keys (exact: same loss and "
+        "gradients). Needs the model's SDPA attention (the default); other attention "
+        "implementations, sliding windows and pad_to_multiple_of run padded.",
+        True,
+    )
     overlap_scoring: bool = _help(
         "Score each group with the reward functions as soon as its G completions end, while "
         "later groups still decode (pays for slow rewards: sandboxes, judges). Each call then "

@@ -68,7 +68,8 @@ class RolloutSampler:
                 self._precision = "policy"
                 return model
             check_copyable(model, precision)
-            self.copy = RolloutCopy(precision)
+            # compile_decode traces the copy's layers: plain ones, not oneDNN-packed ones
+            self.copy = RolloutCopy(precision, pack=not self.trainer.args.compile_decode)
         if self.copy is None:
             return model
         return self.copy.refresh(model, self.trainer.state.global_step)  # new at each step

@@ -5,6 +5,7 @@ import pytest
 import torch
 from peft import get_peft_model
 
+from grpo_plugin._compat import PackedBf16Linear, bf16_packing_works
 from grpo_plugin.training.sampling import rollout_copy as copy_module
 from grpo_plugin.training.sampling.rollout_copy import (
     RolloutCopy,
@@ -52,7 +53,7 @@ def test_a_bf16_copy_computes_the_merged_policy_and_follows_its_updates(tiny_tok
 
 def test_a_released_bf16_copy_holds_no_trained_weights_and_comes_back_the_same(tiny_tokenizer):
     policy, ids = _lora_policy(tiny_tokenizer), torch.tensor([[5, 6, 7, 8, 9]])
-    rollout_copy = RolloutCopy("bf16")
+    rollout_copy = RolloutCopy("bf16", pack=False)  # plain layers (the packed ones: below)
     model = rollout_copy.refresh(policy, version=0)
     before = _logits(model, ids)
     adapted = [m.weight for n, m in model.named_modules() if n.endswith(("q_proj", "down_proj"))]
@@ -66,6 +67,49 @@ def test_a_released_bf16_copy_holds_no_trained_weights_and_comes_back_the_same(t
     assert rollout_copy.refresh(policy, version=0) is model  # same version, yet filled again
     assert sum(w.untyped_storage().nbytes() for w in adapted) == held
     assert torch.equal(_logits(model, ids), before)
+
+
+needs_packing = pytest.mark.skipif(
+    not bf16_packing_works(), reason="this torch build cannot pack bf16 weights for oneDNN"
+)
+
+
+@needs_packing
+def test_a_packed_bf16_copy_decodes_as_the_plain_one_and_drops_its_weights_between_rollouts(
+    tiny_tokenizer,
+):
+    policy, ids = _lora_policy(tiny_tokenizer), torch.tensor([[5, 6, 7, 8, 9]])
+    rollout_copy = RolloutCopy("bf16")
+    model = rollout_copy.refresh(policy, version=0)
+    packed = [m for m in model.modules() if isinstance(m, PackedBf16Linear)]
+    assert len(packed) == 2 * 7  # every projection of the 2 layers; not the LM head
+    assert type(model.get_output_embeddings()) is torch.nn.Linear
+    before = _logits(model, ids)
+    plain = _logits(RolloutCopy("bf16", pack=False).refresh(policy, version=0), ids)
+    torch.testing.assert_close(before, plain, atol=0.02, rtol=0)  # bf16 both: summation order
+    rollout_copy.release()
+    assert not any(m.holds_weight for m in packed)
+    with pytest.raises(RuntimeError, match="set_weight it first"):
+        _logits(model, ids)
+    assert rollout_copy.refresh(policy, version=0) is model  # same version, yet packed again
+    assert all(m.holds_weight for m in packed)
+    assert torch.equal(_logits(model, ids), before)
+    _flip_adapters(policy)  # the next version: the packed weights follow the adapters
+    rollout_copy.refresh(policy, version=1)
+    flipped = _logits(RolloutCopy("bf16", pack=False).refresh(policy, version=0), ids)
+    torch.testing.assert_close(_logits(model, ids), flipped, atol=0.02, rtol=0)
+
+
+@needs_packing
+def test_a_packed_bf16_layer_keeps_its_bias_and_computes_the_linear():
+    torch.manual_seed(0)
+    linear, x = torch.nn.Linear(40, 24).to(torch.bfloat16), torch.randn(2, 3, 40).bfloat16()
+    layer = PackedBf16Linear(linear)
+    expected = linear(x).float()
+    torch.testing.assert_close(layer(x).float(), expected, atol=0.05, rtol=0.02)
+    layer.set_weight(linear.weight.float() * 2)  # any float dtype, cast to bf16 first
+    doubled = (x.float() @ linear.weight.float().T * 2 + linear.bias.float()).float()
+    torch.testing.assert_close(layer(x).float(), doubled, atol=0.1, rtol=0.02)
 
 
 def test_an_fp16_copy_is_not_released(tiny_tokenizer):
@@ -122,15 +166,16 @@ def test_an_fp16_copy_moves_the_log_probs_less_than_a_bf16_copy(tiny_tokenizer):
     assert 0 < gap("fp16") < gap("bf16") / 4
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_a_copy_of_a_fully_trained_tied_model_follows_the_lm_head(tiny_tokenizer, precision):
+@pytest.mark.parametrize("precision,pack", [("bf16", False), ("bf16", True), ("fp16", False)])
+def test_a_copy_of_a_fully_trained_tied_model_follows_the_lm_head(tiny_tokenizer, precision, pack):
     policy = make_tiny_model(tiny_tokenizer)
     policy.lm_head.weight = policy.model.embed_tokens.weight  # tied, as SmolLM2's
     ids = torch.tensor([[5, 6, 7]])
-    rollout_copy = RolloutCopy(precision)
+    rollout_copy = RolloutCopy(precision, pack=pack)
     model = rollout_copy.refresh(policy, version=0)
     rollout_copy.release()  # bf16: every weight trains, so all are freed; fp16: nothing is
     freed = [p.untyped_storage().nbytes() == 0 for p in model.parameters()]
+    freed += [not m.holds_weight for m in model.modules() if isinstance(m, PackedBf16Linear)]
     assert all(freed) if precision == "bf16" else not any(freed)
     with torch.no_grad():
         policy.model.embed_tokens.weight.mul_(3.0)
@@ -207,9 +252,14 @@ def test_training_from_a_bf16_copy_logs_the_mismatch(tiny_tokenizer, tmp_path):
         assert 0 < row["sampling/sampling_logp_difference/mean"] < 0.05
         assert 0.9 < row["sampling/importance_sampling_ratio/mean"] < 1.1
         assert row["sampling/importance_sampling_bounded"] == 0.0
-    weights = [p for p in trainer._sampler.copy.model.parameters() if p.dim() == 2]
+    copy_model = trainer._sampler.copy.model
+    packed = [m for m in copy_model.modules() if isinstance(m, PackedBf16Linear)]
+    assert not any(m.holds_weight for m in packed)  # the merged layers, freed for training
+    weights = [p for p in copy_model.parameters() if p.dim() == 2]
     released = [p for p in weights if p.untyped_storage().nbytes() == 0]
-    assert 0 < len(released) < len(weights)  # the merged layers, freed for training; not the rest
+    if not packed:  # plain layers: freed the same way
+        assert 0 < len(released) < len(weights)
+    assert len(released) < len(weights)  # not the rest: the embedding and the LM head stay
     plain = _trained(tiny_tokenizer, tmp_path / "plain")
     assert not any(k.startswith("sampling/") for r in plain.state.log_history for k in r)
 

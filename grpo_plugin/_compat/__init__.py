@@ -22,6 +22,8 @@ library internals: it calls these helpers.
 | `release_process_group`             | torch 2.13 gloo: a process group left to interpreter shutdown sometimes aborts a process that finished its work (SIGABRT, "terminate called without an active exception"; seen in ~2 of 13 two-process test runs, and once in CI after `destroy_process_group` alone: a finished trainer's DDP wrapper, kept by a reference cycle, still held the group) | torch destroys it cleanly at exit |
 | `reuse_freed_cpu_memory`            | glibc malloc hands every tensor over its mmap threshold (128 KB, rising to at most 32 MB) fresh pages and returns them on free, so each step's big CPU tensors page-fault again: a 75-MB subtraction took 20.6 ms fresh vs 7.1 ms into a reused buffer (18,433 faults; Xeon VM), about 0.4 s of a 3.5-s `short` step; torch has no CPU caching allocator | torch caches CPU allocations, as its CUDA allocator does |
 | `cpu_has_bf16_units`                | torch 2.13 tells a CPU's AVX512-BF16 / AMX only through private `torch.cpu._is_*_supported` | torch exposes CPU features publicly |
+| `PackedBf16Linear`, `bf16_packing_works` | torch 2.13 CPU: a bf16 `F.linear` reorders its weight into oneDNN's blocked layout on every call; only the private `torch.ops.mkldnn._reorder_linear_weight` / `_linear_pointwise` (what inductor's freezing uses) keep it packed: a 16-row decode step of SmolLM2-135M took 39.8 ms instead of 49.5 (Xeon AMX) | torch has a public prepacked CPU linear |
+| `rows_attention_for_packed_tokens` | transformers 5.25 attention functions take the batch layout of their inputs: a padding-free forward (real tokens packed into one row) would attend across every packed token. The SDPA entry of `AttentionInterface` is wrapped once (public `register`): a call that carries `packed_rows` (core/padding_free.py) runs its attention in the padded row layout; every other call is passed through unchanged | transformers attends per sequence in a packed row for SDPA (as it does for flash-attention's varlen) |
 | `fp16_weight_linear`, `set_fp16_weight` | torch 2.13 has a float16-weight linear with float32 compute on CPU (fbgemm) only in the deprecated `torch.ao` dynamic quantization, which warns on every layer | torch has a supported half-weight linear on CPU |
 | `moe_router_config`, `moe_load_balancing_loss` | transformers 5.x MoE models keep the load-balancing loss in each modeling module and the expert counts on the `ForCausalLM` | transformers exposes one public aux-loss API |
 
@@ -48,7 +50,14 @@ from contextlib import contextmanager
 
 import torch
 
-from ._logging import warn_once
+from .._logging import warn_once
+from .kernels import (  # noqa: F401  (re-exported: the CPU kernel rows of the table)
+    PackedBf16Linear,
+    bf16_packing_works,
+    fp16_weight_linear,
+    rows_attention_for_packed_tokens,
+    set_fp16_weight,
+)
 
 
 def quiet_bnb_kernel_warnings() -> None:
@@ -333,36 +342,3 @@ def reuse_freed_cpu_memory() -> bool:
             )
     _REUSE_APPLIED.append(applied)
     return applied
-
-
-@contextmanager
-def _ao_quiet() -> Iterator[None]:
-    """torch 2.13 warns that `torch.ao` quantization is deprecated, on every layer it builds."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*torch.ao.*")
-        warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
-        yield
-
-
-def fp16_weight_linear(linear: torch.nn.Linear) -> torch.nn.Module:
-    """A copy of `linear` whose weight is stored in float16 (fbgemm's packed fp16 GEMM: float32
-    activations and accumulation, the weight read at half the bytes), marked `fp16_weight`."""
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
-
-    with _ao_quiet():
-        layer = DynamicLinear(linear.in_features, linear.out_features, dtype=torch.float16)
-    layer.fp16_weight = True
-    layer.fp16_bias = None  # the float32 bias, kept here: reading it back unpacks the weight too
-    set_fp16_weight(layer, linear.weight, linear.bias)
-    return layer
-
-
-def set_fp16_weight(layer: torch.nn.Module, weight=None, bias=None) -> None:
-    """Pack `weight` into an `fp16_weight_linear` layer and/or set its `bias` (None: keep it)."""
-    weight = layer.weight() if weight is None else weight.detach().float()
-    if bias is not None:
-        layer.fp16_bias = bias.detach().float()
-    with _ao_quiet():
-        layer.set_weight_bias(weight, layer.fp16_bias)

@@ -1,0 +1,167 @@
+"""Padding-free completion forward: the model's matrix products run on real tokens only.
+
+In the prefix-shared training forward (`logprobs.py`) every completion row is as wide as the
+longest completion of the micro-batch, and the layers' linear maps (three quarters of the
+training step's time on a CPU) run over the padding too. Here the completion tokens that matter
+are packed into ONE row `(1, M)` instead of `(N, T)`:
+
+- a row keeps its tokens up to its last real target (the hidden state at slot t predicts
+  completion token t), padding included only where it sits inside a completion;
+- the projections, MLPs and norms see `M` tokens; RoPE takes each token's own position;
+- attention alone goes back to the row layout: queries, keys and values are gathered to
+  `(N, heads, T | L + T, d)` (keys: the row's prompt, encoded once per group, then its own
+  suffix), attention runs there under the same mask as the padded forward, and the output is
+  gathered back to the packed tokens (`_compat.rows_attention_for_packed_tokens` routes the
+  model's SDPA call here when it carries `packed_rows`).
+
+Every real token therefore sees exactly the keys it sees in the padded forward: the result is
+the padded one up to float summation order (tests: log-probs and gradients to 1e-5 relative).
+The same packing as TRL's `padding_free` and flash-attention's varlen kernels, for SDPA, where
+attention keeps the row layout so no (M x M) mask is built.
+
+It runs when every attention layer of the model went through the wrapped SDPA entry (counted);
+otherwise, and for models whose cache is not plain per-layer key/value tensors, the caller runs
+the padded forward (a warning says so once).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from .._compat import cache_argument_name, dynamic_cache_of, rows_attention_for_packed_tokens
+from .._logging import warn_once
+
+__all__ = ["PackedRows", "packed_suffix_hidden"]
+
+_MIN_SAVED = 1 / 16  # pack only when it removes at least this share of the (N x T) slots
+_UNSUPPORTED: weakref.WeakSet = weakref.WeakSet()  # bodies whose attention did not route here
+
+
+class PackedRows:
+    """Where each real token of an `(N, T)` suffix sits in the packed row, and the attention mask
+    of the row layout.
+
+    `prefix_mask` `(N, L)`: the prompt tokens held in the cache (row r uses prompt r // group);
+    `suffix_mask` `(N, T)`: which suffix inputs are real (the last prompt token, then the
+    completion tokens but the last); `target_mask` `(N, T)`: which slots predict a real token."""
+
+    def __init__(self, prefix_mask, suffix_mask, target_mask, group: int) -> None:
+        rows, width = target_mask.shape
+        prompt_width = prefix_mask.size(1)
+        device = target_mask.device
+        slots = torch.arange(width, device=device)
+        last = torch.where(target_mask.bool(), slots, -1).amax(1)  # (N,) last real target
+        self.kept = slots[None] <= last[:, None]  # (N, T) slots that run
+        self.token_index = self.kept.reshape(-1).nonzero().squeeze(1)  # (M,) into N*T
+        tokens = self.token_index.numel()
+        slot_token = torch.zeros(rows * width, dtype=torch.long, device=device)  # (N*T,)
+        slot_token[self.token_index] = torch.arange(tokens, device=device)  # dropped slots -> 0
+        self.query_index = slot_token
+        prompt_cols = (torch.arange(rows, device=device) // group)[:, None] * prompt_width
+        prompt_cols = prompt_cols + torch.arange(prompt_width, device=device)  # (N, L)
+        suffix_cols = (rows // group) * prompt_width + slot_token.view(rows, width)  # (N, T)
+        self.key_index = torch.cat([prompt_cols, suffix_cols], 1).reshape(-1)  # (N*(L+T),)
+        self.rows, self.width, self.prompt_width, self.tokens = rows, width, prompt_width, tokens
+        self.group = group
+        self._allowed = self._allowed_keys(prefix_mask.bool(), suffix_mask.bool())
+        self._masks: dict[torch.dtype, torch.Tensor] = {}
+        self.calls = 0  # attention layers that ran through `to_rows` (the caller checks them)
+
+    def _allowed_keys(self, prefix_mask, suffix_mask) -> torch.Tensor:
+        """`(N, 1, T, L + T)`: the padded forward's mask (prompt keys where real; suffix keys
+        causal and real). A dropped slot's query sees only its own slot, so that its (unused)
+        softmax stays finite."""
+        rows, width, prompt_width = self.rows, self.width, self.prompt_width
+        causal = torch.ones(width, width, dtype=torch.bool, device=suffix_mask.device).tril()
+        suffix = causal[None] & (suffix_mask & self.kept)[:, None, :]  # (N, T, T)
+        suffix |= torch.diag_embed(~self.kept)
+        prompt = prefix_mask[:, None, :].expand(rows, width, prompt_width)  # (N, T, L)
+        return torch.cat([prompt, suffix], 2)[:, None]
+
+    @property
+    def saves_enough(self) -> bool:
+        return self.tokens <= (1 - _MIN_SAVED) * self.rows * self.width
+
+    def mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """The additive attention mask `(N, 1, T, L + T)` in `dtype` (built once per dtype)."""
+        if dtype not in self._masks:
+            blocked = torch.zeros(self._allowed.shape, dtype=dtype, device=self._allowed.device)
+            self._masks[dtype] = blocked.masked_fill_(~self._allowed, torch.finfo(dtype).min)
+        return self._masks[dtype]
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """`(N, T, ...)` -> `(1, M, ...)`: the kept slots, row after row."""
+        return x.reshape(self.rows * self.width, *x.shape[2:]).index_select(0, self.token_index)[
+            None
+        ]
+
+    def unpack(self, packed: torch.Tensor) -> torch.Tensor:
+        """`(1, M, H)` -> `(N, T, H)`, zeros at the dropped slots."""
+        flat = packed.new_zeros(self.rows * self.width, packed.size(-1))
+        return flat.index_copy(0, self.token_index, packed[0]).view(self.rows, self.width, -1)
+
+    def to_rows(self, query, key, value, sliding_window=None):
+        """Packed `(1, heads, M | P*L + M, d)` -> row layout `(N, heads, T | L + T, d)`, and the
+        mask. A windowed layer is not counted: this mask has no window (the caller falls back)."""
+        self.calls += sliding_window is None
+
+        def rows_of(x, index, width):
+            picked = x[0].index_select(1, index)  # (heads, N * width, d)
+            return picked.view(x.size(1), self.rows, width, x.size(3)).transpose(0, 1)
+
+        full = self.prompt_width + self.width
+        return (
+            rows_of(query, self.query_index, self.width),
+            rows_of(key, self.key_index, full),
+            rows_of(value, self.key_index, full),
+            self.mask(query.dtype),
+        )
+
+    def from_rows(self, out: torch.Tensor) -> torch.Tensor:
+        """Attention output `(N, T, heads, d)` -> `(1, M, heads, d)`."""
+        return self.pack(out)
+
+
+def _one_row_per_prompt(tensor: torch.Tensor, layout: PackedRows) -> torch.Tensor:
+    """A cache tensor `(P | N, heads, L, d)` -> `(1, heads, P*L, d)`: the prompts side by side."""
+    prompts = tensor[:: layout.group] if tensor.size(0) == layout.rows else tensor  # (P, h, L, d)
+    heads, dim = prompts.size(1), prompts.size(3)
+    return prompts.transpose(0, 1).reshape(1, heads, -1, dim)
+
+
+def packed_suffix_hidden(body, prefix, layout: PackedRows, suffix_ids, positions):
+    """The body over the packed suffix against the prompts' `prefix` (`cache_tensors` of the
+    prefix cache: one row per prompt, or expanded to the N rows); `(N, T, H)` hidden states
+    (zeros at dropped slots), or None when this body cannot run packed (the caller pads).
+    `suffix_ids`, `positions`: `(N, T)`."""
+    if body in _UNSUPPORTED:
+        return None
+    if not rows_attention_for_packed_tokens(body):
+        kind = getattr(body.config, "_attn_implementation", None)
+        warn_once(
+            "padding-free-attention",
+            f"padding_free: the model attends with {kind!r}, not 'sdpa'; using the padded "
+            "training forward (same result, slower).",
+        )
+        return None
+    flat = [tuple(_one_row_per_prompt(t, layout) for t in pair) for pair in prefix]
+    out = body(
+        input_ids=layout.pack(suffix_ids),  # (1, M)
+        attention_mask=torch.ones(1, 1, 1, 1, dtype=torch.bool, device=suffix_ids.device),
+        position_ids=layout.pack(positions),  # (1, M)
+        use_cache=True,
+        packed_rows=layout,
+        **{cache_argument_name(body): dynamic_cache_of(flat)},
+    )
+    if layout.calls != len(prefix):
+        _UNSUPPORTED.add(body)
+        warn_once(
+            "padding-free",
+            f"padding_free: {layout.calls} of {len(prefix)} attention layers ran through the "
+            "packed SDPA path (sliding windows or a custom attention); using the padded "
+            "training forward (same result, slower).",
+        )
+        return None
+    return layout.unpack(out.last_hidden_state)
