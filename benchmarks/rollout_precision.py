@@ -4,12 +4,17 @@ float32 policy, a bf16 copy and an fp16-weight copy, side by side in one process
     python benchmarks/rollout_precision.py [--rounds 5] [--length 24 256] [--group 8] [--prompts 2]
         [--precisions policy bf16 fp16] [--adapter RUN_DIR] [--out FILE]
 
+`bf16-unpacked` is a bf16 copy whose linear layers stay plain `nn.Linear` (as with
+`compile_decode`), against `bf16`'s oneDNN-packed weights on an x86 CPU.
+
 The policy is the embedded SmolLM2-135M-Instruct with a LoRA r=16 adapter on every linear layer
 (the demo's; `--adapter` loads a trained one, else B is drawn at random so the adapter changes
 the outputs). Each round samples the same prompts and draws once per precision (order rotated
 each round); `--length` rows decode exactly that many tokens (no end of sequence). Reported per
 precision and length: the median generate seconds and their ratio to the policy's, tokens/s,
-the copy's refresh seconds (what it costs per optimizer step), the share of sampled tokens
+the copy's median refresh seconds (each round refreshes as after an optimizer step, and
+releases the copy's refreshed tensors after the rollout, as training does) and refresh +
+generate, the share of sampled tokens
 that differ from the policy's with the same draws, and the log-prob gap: mean and max
 |log pi_policy - log pi_copy| over one policy rollout's tokens, teacher forced.
 """
@@ -102,21 +107,37 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(embedded_cache_path()))
     rows = arithmetic_dataset(n_train=opts.prompts, n_eval=1, seed=0)[0]
     prompt_ids = encode_prompts(tokenizer, list(rows["prompt"]))
-    models, refresh = {"policy": policy}, {}
+    models, copies = {"policy": policy}, {}
     for name in opts.precisions:
         if name != "policy":
-            copy = RolloutCopy(name)
-            copy.refresh(policy, 0)
-            start = time.perf_counter()
-            models[name] = copy.refresh(policy, 1)  # a refresh as after an optimizer step
-            refresh[name] = time.perf_counter() - start
+            copies[name] = RolloutCopy(
+                name.removesuffix("-unpacked"), pack=not name.endswith("-unpacked")
+            )
+            models[name] = copies[name].refresh(policy, 0)
+    version = iter(range(1, 10**6))
+
+    def timed_rollout(name, length, seed):
+        """A refresh as after an optimizer step (timed apart), the rollout, the release."""
+        start = time.perf_counter()
+        model = copies[name].refresh(policy, next(version)) if name in copies else policy
+        refreshed = time.perf_counter() - start
+        seconds, tokens = rollout(model, prompt_ids, length, opts.group, seed)
+        if name in copies:
+            copies[name].release()
+        return refreshed, seconds, tokens
+
     report = {"cpu": cpu_name(), "threads": torch.get_num_threads()}
     for length in opts.length:
         rollout(policy, prompt_ids, length, opts.group, 0)  # warm-up
         seconds = {n: [] for n in opts.precisions}
+        refresh = {n: [] for n in opts.precisions}
         differ = {n: [] for n in opts.precisions}
         _, drawn = rollout(policy, prompt_ids, length, opts.group, 0)
-        gaps = {n: logprob_gap(policy, models[n], prompt_ids, drawn) for n in opts.precisions}
+        gaps = {
+            n: logprob_gap(policy, copies[n].refresh(policy, -length) if n in copies else policy,
+                           prompt_ids, drawn)
+            for n in opts.precisions
+        }  # fmt: skip
         for r in range(opts.rounds):
             order = (
                 opts.precisions[r % len(opts.precisions) :]
@@ -124,8 +145,9 @@ def main() -> None:
             )
             tokens = {}
             for name in order:
-                s, tokens[name] = rollout(models[name], prompt_ids, length, opts.group, r + 1)
+                refreshed, s, tokens[name] = timed_rollout(name, length, r + 1)
                 seconds[name].append(s)
+                refresh[name].append(refreshed)
             for name in opts.precisions:
                 differ[name].append((tokens[name] != tokens["policy"]).float().mean().item())
         base = statistics.median(seconds["policy"])
@@ -135,7 +157,10 @@ def main() -> None:
                 "generate_s": round(statistics.median(seconds[name]), 3),
                 "vs_policy": round(statistics.median(seconds[name]) / base, 3),
                 "tokens_per_s": round(n_tokens / statistics.median(seconds[name]), 1),
-                "refresh_s": round(refresh.get(name, 0.0), 3),
+                "refresh_s": round(statistics.median(refresh[name]), 3),
+                "refresh_and_generate_s": round(
+                    statistics.median(a + b for a, b in zip(refresh[name], seconds[name])), 3
+                ),
                 "tokens_differing": round(statistics.mean(differ[name]), 3),
                 "logprob_gap": gaps[name],
             }

@@ -131,6 +131,15 @@ def _one_row_per_prompt(tensor: torch.Tensor, layout: PackedRows) -> torch.Tenso
     return prompts.transpose(0, 1).reshape(1, heads, -1, dim)
 
 
+def _unsupported(body, why: str) -> None:
+    """Remember that `body` cannot run packed, and say so once."""
+    _UNSUPPORTED.add(body)
+    warn_once(
+        "padding-free",
+        f"padding_free: {why}; using the padded training forward (same result, slower).",
+    )
+
+
 def packed_suffix_hidden(body, prefix, layout: PackedRows, suffix_ids, positions):
     """The body over the packed suffix against the prompts' `prefix` (`cache_tensors` of the
     prefix cache: one row per prompt, or expanded to the N rows); `(N, T, H)` hidden states
@@ -140,28 +149,28 @@ def packed_suffix_hidden(body, prefix, layout: PackedRows, suffix_ids, positions
         return None
     if not rows_attention_for_packed_tokens(body):
         kind = getattr(body.config, "_attn_implementation", None)
-        warn_once(
-            "padding-free-attention",
-            f"padding_free: the model attends with {kind!r}, not 'sdpa'; using the padded "
-            "training forward (same result, slower).",
-        )
+        _unsupported(body, f"the model attends with {kind!r}, not 'sdpa'")
         return None
     flat = [tuple(_one_row_per_prompt(t, layout) for t in pair) for pair in prefix]
-    out = body(
-        input_ids=layout.pack(suffix_ids),  # (1, M)
-        attention_mask=torch.ones(1, 1, 1, 1, dtype=torch.bool, device=suffix_ids.device),
-        position_ids=layout.pack(positions),  # (1, M)
-        use_cache=True,
-        packed_rows=layout,
-        **{cache_argument_name(body): dynamic_cache_of(flat)},
-    )
+    try:
+        out = body(
+            input_ids=layout.pack(suffix_ids),  # (1, M)
+            attention_mask=torch.ones(1, 1, 1, 1, dtype=torch.bool, device=suffix_ids.device),
+            position_ids=layout.pack(positions),  # (1, M)
+            use_cache=True,
+            packed_rows=layout,
+            **{cache_argument_name(body): dynamic_cache_of(flat)},
+        )
+    except TypeError as error:  # a forward that takes no extra keywords (remote code)
+        if "packed_rows" not in str(error):
+            raise
+        _unsupported(body, f"the model's forward does not pass attention keywords on ({error})")
+        return None
     if layout.calls != len(prefix):
-        _UNSUPPORTED.add(body)
-        warn_once(
-            "padding-free",
-            f"padding_free: {layout.calls} of {len(prefix)} attention layers ran through the "
-            "packed SDPA path (sliding windows or a custom attention); using the padded "
-            "training forward (same result, slower).",
+        _unsupported(
+            body,
+            f"{layout.calls} of {len(prefix)} attention layers ran through the packed SDPA path "
+            "(sliding windows or a custom attention)",
         )
         return None
     return layout.unpack(out.last_hidden_state)

@@ -177,11 +177,33 @@ def test_a_layer_that_cannot_run_packed_falls_back_with_one_warning(
 def test_eager_attention_runs_padded_with_one_warning(tiny_model, caplog):
     tiny_model.config._attn_implementation = "eager"
     model = _lora(tiny_model)
-    _logging._warned.discard("padding-free-attention")
+    _logging._warned.discard("padding-free")
     with caplog.at_level(logging.WARNING, logger="grpo_plugin"):
         shapes = _run(model, _batch(), padding_free=True)[2]
     assert shapes == [(2, 8), (6, 9)]
     assert any("'eager', not 'sdpa'" in r.getMessage() for r in caplog.records)
+    padding_free._UNSUPPORTED.discard(model.get_base_model().model)
+
+
+def test_a_forward_without_keyword_pass_through_runs_padded(tiny_model, monkeypatch, caplog):
+    """A remote-code body whose forward takes no extra keywords: the TypeError that names
+    `packed_rows` sends it to the padded forward; any other TypeError is the model's own."""
+    model = _lora(tiny_model)
+    body = model.get_base_model().model
+    forward = body.forward
+
+    def strict(*args, **kwargs):
+        if "packed_rows" in kwargs:
+            raise TypeError("forward() got an unexpected keyword argument 'packed_rows'")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(body, "forward", strict)
+    _logging._warned.discard("padding-free")
+    with caplog.at_level(logging.WARNING, logger="grpo_plugin"):
+        padded = _run(model, _batch(), padding_free=True)
+    assert padded[2][-2:] == [(1, 35), (6, 9)]  # the packed try, then the padded forward
+    assert any("does not pass attention keywords on" in r.getMessage() for r in caplog.records)
+    padding_free._UNSUPPORTED.discard(body)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16])
@@ -192,3 +214,16 @@ def test_a_half_precision_model_packs_with_a_mask_in_its_dtype(tiny_model, dtype
     assert packed[2][-1][0] == 1
     scale = padded[0].abs().max()
     assert (padded[0] - packed[0]).abs().max() / scale < 2e-2  # bf16 rounding, not a wrong mask
+
+
+def test_a_type_error_of_the_model_itself_is_not_hidden(tiny_model, monkeypatch):
+    model = _lora(tiny_model)
+    body = model.get_base_model().model
+
+    def broken(*args, **kwargs):
+        raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
+
+    monkeypatch.setattr(body, "forward", broken)
+    with pytest.raises(TypeError, match="unsupported operand"):
+        _run(model, _batch(), padding_free=True)
+    assert body not in padding_free._UNSUPPORTED
