@@ -17,12 +17,11 @@ log-probs (absolute) and LoRA gradients (relative norm).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
 import torch
-from rollout_precision import build_policy, cpu_name
+from rollout_precision import build_policy, cpu_name, write_report
 
 
 def batch(opts, tokenizer):
@@ -90,11 +89,7 @@ def main() -> None:
             ((g - packed_grads[n]).norm() / g.norm()).item() for n, g in padded_grads.items()
         ),
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if opts.out:
-        with open(opts.out, "w") as f:
-            f.write(text + "\n")
+    write_report(report, opts.out)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,15 @@ def cpu_name() -> str:
     return platform.machine()
 
 
+def write_report(report: dict, out: str | None) -> None:
+    """The report as JSON on stdout, and in `out` when given."""
+    text = json.dumps(report, indent=2)
+    print(text)
+    if out:
+        with open(out, "w") as f:
+            f.write(text + "\n")
+
+
 def build_policy(adapter: str | None):
     from peft import LoraConfig, get_peft_model
 
@@ -166,11 +175,7 @@ def main() -> None:
             }
             for name in opts.precisions
         }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if opts.out:
-        with open(opts.out, "w") as f:
-            f.write(text + "\n")
+    write_report(report, opts.out)
 
 
 if __name__ == "__main__":

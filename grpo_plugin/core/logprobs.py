@@ -161,8 +161,8 @@ def _shared_hidden(body, group, tensors, held, padding_free=False):
         layout = PackedRows(
             prompt_mask[:, :-1], mask[:, prompt_len - 1 : -1], completion_mask, group
         )
-        prefix = cache_tensors(cache)
-        if layout.saves_enough and prefix is not None:
+        prefix = cache_tensors(cache) if layout.saves_enough else None
+        if prefix is not None:
             hidden = packed_suffix_hidden(body, prefix, layout, suffix_ids, suffix_positions)
             if hidden is not None:
                 return hidden

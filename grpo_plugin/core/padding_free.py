@@ -65,7 +65,7 @@ class PackedRows:
         self.key_index = torch.cat([prompt_cols, suffix_cols], 1).reshape(-1)  # (N*(L+T),)
         self.rows, self.width, self.prompt_width, self.tokens = rows, width, prompt_width, tokens
         self.group = group
-        self._allowed = self._allowed_keys(prefix_mask.bool(), suffix_mask.bool())
+        self._key_masks = (prefix_mask.bool(), suffix_mask.bool())  # the mask is built on first use
         self._masks: dict[torch.dtype, torch.Tensor] = {}
         self.calls = 0  # attention layers that ran through `to_rows` (the caller checks them)
 
@@ -87,8 +87,9 @@ class PackedRows:
     def mask(self, dtype: torch.dtype) -> torch.Tensor:
         """The additive attention mask `(N, 1, T, L + T)` in `dtype` (built once per dtype)."""
         if dtype not in self._masks:
-            blocked = torch.zeros(self._allowed.shape, dtype=dtype, device=self._allowed.device)
-            self._masks[dtype] = blocked.masked_fill_(~self._allowed, torch.finfo(dtype).min)
+            allowed = self._allowed_keys(*self._key_masks)
+            blocked = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+            self._masks[dtype] = blocked.masked_fill_(~allowed, torch.finfo(dtype).min)
         return self._masks[dtype]
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
