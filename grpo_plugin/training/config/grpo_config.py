@@ -48,6 +48,7 @@ from .checks import (
     check_evaluation,
     check_logprob_chunk_size,
     check_loss,
+    check_number_fields,
     check_refused_fields,
     check_rollout,
     check_run,
@@ -487,6 +488,7 @@ class GRPOConfig(TrainingArguments):
         check_autopilot_memory(self)
         check_tools(self)
         check_refused_fields(self)
+        check_number_fields(self)
         self.pad_to_multiple_of = resolve_pad_multiple(self.pad_to_multiple_of)
         super().__post_init__()
         # After it: generation_kwargs is a dict (it parses a JSON string), world_size is known.

@@ -54,6 +54,11 @@ def test_generation_batch_is_derived_like_trl(tmp_path):
         ({"num_iterations": 0}, "num_iterations"),
         ({"generation_batch_size": 16, "steps_per_generation": 2}, "can not be both configured"),
         ({"auto_batch_memory_gb": 0.0}, "auto_batch_memory_gb=0.0 must be > 0"),
+        ({"temperature": None}, r"temperature=None must be a number; e.g. temperature=1.0"),
+        ({"max_completion_length": None}, r"max_completion_length=None must be an integer"),
+        ({"num_generations": "8"}, r"num_generations='8' must be an integer"),
+        ({"num_generations": True}, r"num_generations=True must be an integer"),
+        ({"learning_rate": None}, r"learning_rate=None must be a number"),
     ],
 )
 def test_contradictions_are_rejected(tmp_path, kw, message):
