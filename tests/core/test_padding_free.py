@@ -77,7 +77,8 @@ def test_layout_by_hand():
     assert layout.query_index.tolist() == [0, 1, 0, 2, 0, 0]  # dropped slots read token 0
     # keys: the prompt's 2 columns, then 2 + the packed token of each suffix slot
     assert layout.key_index.tolist() == [0, 1, 2, 3, 2, 0, 1, 4, 2, 2]
-    assert layout.saves_enough  # 3 of 6 slots
+    assert layout.worth_packing(head_dim=1)  # drops 3 of 6 slots (rows too wide for `attend`)
+    assert layout.worth_packing(head_dim=64)
     mask = layout.mask(torch.float32)[:, 0]  # (N, T, L + T)
     allowed = mask == 0
     assert allowed[0, 0].tolist() == [False, True, True, False, False]  # pad prompt token hidden
@@ -92,6 +93,39 @@ def test_layout_by_hand():
     assert layout.pack(ids).tolist() == [[10, 11, 20]]
     hidden = torch.tensor([[[1.0], [2.0], [3.0]]])  # (1, M, 1)
     assert layout.unpack(hidden)[..., 0].tolist() == [[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]]
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(6, 2), (4, 4)])
+def test_row_attention_by_matmul_matches_sdpa(heads, kv_heads):
+    """`attend` (each key/value head read by its group of query heads, no copies) against torch's
+    SDPA over copied key/value heads: outputs and input gradients within 1e-5 relative."""
+    layout = PackedRows(
+        prefix_mask=torch.tensor([[0, 1, 1], [0, 1, 1], [1, 1, 1], [1, 1, 1]]),
+        suffix_mask=torch.ones(4, 4, dtype=torch.long),
+        target_mask=torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]]),
+        group=2,
+    )
+    mask = layout.mask(torch.float32)  # (4, 1, 4, 7)
+    torch.manual_seed(0)
+    q = torch.randn(4, heads, 4, 8, requires_grad=True)
+    k, v = (torch.randn(4, kv_heads, 7, 8, requires_grad=True) for _ in range(2))
+    weight = torch.randn(4, 4, heads, 8)
+    out = layout.attend(q, k, v, mask, {"dropout": 0.0, "scaling": 0.3})  # (N, T, heads, d)
+    grads = torch.autograd.grad((out * weight).sum(), (q, k, v))
+    repeat = heads // kv_heads
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(repeat, 1), v.repeat_interleave(repeat, 1), mask, scale=0.3
+    ).transpose(1, 2)
+    expected_grads = torch.autograd.grad((expected * weight).sum(), (q, k, v))
+    assert out.shape == (4, 4, heads, 8)
+    assert (out - expected).abs().max() / expected.abs().max() < 1e-5
+    for got, want in zip(grads, expected_grads):
+        assert (got - want).norm() / want.norm() < 1e-5
+    # SDPA's turn: dropout, a position bias, rows wider than 2 x head dim
+    assert layout.attend(q, k, v, mask, {"dropout": 0.1}) is None
+    assert layout.attend(q, k, v, mask, {"position_bias": torch.zeros(1)}) is None
+    wide = torch.randn(4, heads, 17, 8)
+    assert layout.attend(wide, k, v, torch.zeros(4, 1, 17, 7), {}) is None
 
 
 def test_packed_forward_matches_the_padded_one(tiny_model):
@@ -141,10 +175,16 @@ def test_micro_batches_of_one_group_share_its_prompt_packed(tiny_model):
     _assert_same(padded, packed)
 
 
-def test_no_padding_to_drop_runs_the_padded_forward(tiny_model):
+def test_narrow_rows_pack_without_padding_wide_ones_run_padded(tiny_model):
+    """The tiny model's heads are 8 wide: rows up to 16 tokens attend by `attend` and pack even
+    with nothing to drop (same numbers); 20-token rows with no padding run the padded forward."""
     model = _lora(tiny_model)
     batch = group_batch((5, 4), width=6, real_lengths=[6] * 6, group=GROUP)
-    assert _run(model, batch, padding_free=True)[2] == [(2, 4), (6, 6)]
+    packed = _run(model, batch, padding_free=True)
+    assert packed[2] == [(2, 4), (1, 36)]
+    _assert_same(_run(model, batch, padding_free=False), packed)
+    batch = group_batch((5, 4), width=20, real_lengths=[20] * 6, group=GROUP)
+    assert _run(model, batch, padding_free=True)[2] == [(2, 4), (6, 20)]
     batch = _batch()  # padding, but fixed shapes were asked for
     shapes = _run(model, batch, padding_free=True, pad_to_multiple_of=4)[2]
     assert shapes[-1][0] == 6
