@@ -126,6 +126,8 @@ def test_row_attention_by_matmul_matches_sdpa(heads, kv_heads):
     assert layout.attend(q, k, v, mask, {"position_bias": torch.zeros(1)}) is None
     wide = torch.randn(4, heads, 17, 8)
     assert layout.attend(wide, k, v, torch.zeros(4, 1, 17, 7), {}) is None
+    on_meta = (t.detach().to("meta") for t in (q, k, v, mask))  # not a CPU: SDPA (not measured)
+    assert layout.attend(*on_meta, {}) is None
 
 
 def test_packed_forward_matches_the_padded_one(tiny_model):
