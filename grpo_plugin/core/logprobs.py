@@ -54,7 +54,7 @@ from .._compat import (
 )
 from .._logging import warn_once
 from .lm_head import chunk_logps, frozen_head_logps, is_frozen_linear
-from .padding_free import PackedRows, head_dim_of, packed_suffix_hidden
+from .padding_free import PackedRows, packed_suffix_hidden
 from .prompt_grad import SharedPromptGrad
 from .tensors import position_ids_from_mask
 
@@ -161,9 +161,8 @@ def _shared_hidden(body, group, tensors, held, padding_free=False):
         layout = PackedRows(
             prompt_mask[:, :-1], mask[:, prompt_len - 1 : -1], completion_mask, group
         )
-        worth = layout.worth_packing(head_dim_of(body.config))
-        prefix = cache_tensors(cache) if worth else None
-        if prefix is not None:
+        prefix = cache_tensors(cache)  # per layer (keys, values) `(P | N, heads, L, d)`
+        if prefix is not None and layout.worth_packing(head_dim=prefix[0][0].size(-1)):
             hidden = packed_suffix_hidden(body, prefix, layout, suffix_ids, suffix_positions)
             if hidden is not None:
                 return hidden

@@ -33,7 +33,7 @@ import torch
 from .._compat import cache_argument_name, dynamic_cache_of, rows_attention_for_packed_tokens
 from .._logging import warn_once
 
-__all__ = ["PackedRows", "head_dim_of", "packed_suffix_hidden"]
+__all__ = ["PackedRows", "packed_suffix_hidden"]
 
 _MIN_SAVED = 1 / 16  # pack only when it removes at least this share of the (N x T) slots
 _UNSUPPORTED: weakref.WeakSet = weakref.WeakSet()  # bodies whose attention did not route here
@@ -44,13 +44,6 @@ def _matmul_attention_fits(width: int, head_dim: int, device: torch.device) -> b
     keeps the key and value heads copied out `(2, N, heads, L + T, d)`: no more memory while
     T <= 2 d. On a CPU only: measured there; a GPU keeps its SDPA kernels (not measured)."""
     return device.type == "cpu" and width <= 2 * head_dim
-
-
-def head_dim_of(config) -> int:
-    """The attention head width of a transformers config (0 where it does not say)."""
-    heads = getattr(config, "num_attention_heads", None)
-    width = getattr(config, "hidden_size", None)
-    return getattr(config, "head_dim", None) or (width // heads if width and heads else 0)
 
 
 class PackedRows:
