@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from .._compat import (
+    LeanDecodeStep,
     accepts_logits_to_keep,
     cache_argument_name,
     can_drop_cache_rows,
@@ -55,8 +56,18 @@ class _Decoder:
         self.model = unwrap_peft(model)
         self.cache_arg = cache_argument_name(self.model)
         self.keeps_last_only = accepts_logits_to_keep(self.model)
+        self.lean = LeanDecodeStep.of(self.model)  # one-token steps without transformers' wrapping
 
     def __call__(self, input_ids, attention_mask, position_ids, cache=None):
+        if self.lean is not None and self.lean.takes(input_ids, cache):
+            logits = self.lean(input_ids, attention_mask, position_ids, cache, self._logits)
+            return logits, cache
+        return self._forward(input_ids, attention_mask, position_ids, cache)
+
+    def _logits(self, input_ids, attention_mask, position_ids, cache):
+        return self._forward(input_ids, attention_mask, position_ids, cache)[0]
+
+    def _forward(self, input_ids, attention_mask, position_ids, cache):
         kwargs = {self.cache_arg: cache, "use_cache": True}
         if self.keeps_last_only:
             kwargs["logits_to_keep"] = last_position_to_keep(input_ids.size(1))
