@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from .._compat import fuse_lora_linears, moe_router_config, unwrap_peft
+from .._compat import (
+    fuse_lora_linears,
+    moe_router_config,
+    set_training_flags,
+    training_flags,
+    unwrap_peft,
+)
 from ..models import resolve_model_path
 
 logger = logging.getLogger(__name__)
@@ -301,13 +307,14 @@ def reference_mode(model: Any, ref_model: Any) -> Iterator[Any]:
 
 @contextlib.contextmanager
 def eval_mode(model: torch.nn.Module) -> Iterator[None]:
-    """Eval mode (no dropout) for rollouts, restoring the previous mode afterwards."""
-    was_training = model.training
-    model.eval()
+    """Eval mode (no dropout) for rollouts, restoring each module's own mode afterwards (set as
+    flags: `_compat.set_training_flags`)."""
+    flags = training_flags(model)
+    set_training_flags(model, False)
     try:
         yield
     finally:
-        model.train(was_training)
+        set_training_flags(model, flags)
 
 
 def cast_lm_head_to_fp32(model: Any) -> None:
