@@ -82,13 +82,15 @@ def test_a_packed_bf16_copy_decodes_as_the_plain_one_and_drops_its_weights_betwe
     rollout_copy = RolloutCopy("bf16")
     model = rollout_copy.refresh(policy, version=0)
     packed = [m for m in model.modules() if isinstance(m, PackedBf16Linear)]
-    assert len(packed) == 2 * 7  # every projection of the 2 layers; not the LM head
-    assert type(model.get_output_embeddings()) is torch.nn.Linear
+    assert len(packed) == 2 * 7 + 1  # every projection of the 2 layers, and the (untied) LM head
+    assert model.get_output_embeddings() in packed
     before = _logits(model, ids)
     plain = _logits(RolloutCopy("bf16", pack=False).refresh(policy, version=0), ids)
     torch.testing.assert_close(before, plain, atol=0.02, rtol=0)  # bf16 both: summation order
     rollout_copy.release()
-    assert not any(m.holds_weight for m in packed)
+    head = model.get_output_embeddings()
+    assert head.holds_weight  # frozen: packed once, kept
+    assert not any(m.holds_weight for m in packed if m is not head)
     with pytest.raises(RuntimeError, match="set_weight it first"):
         _logits(model, ids)
     assert rollout_copy.refresh(policy, version=0) is model  # same version, yet packed again
@@ -98,6 +100,32 @@ def test_a_packed_bf16_copy_decodes_as_the_plain_one_and_drops_its_weights_betwe
     rollout_copy.refresh(policy, version=1)
     flipped = _logits(RolloutCopy("bf16", pack=False).refresh(policy, version=0), ids)
     torch.testing.assert_close(_logits(model, ids), flipped, atol=0.02, rtol=0)
+
+
+@needs_packing
+def test_a_packed_copy_of_a_tied_model_reads_its_embeddings_from_the_policy(tiny_tokenizer):
+    """SmolLM2's head is its embedding table: the copy packs it as the head and looks its input
+    embeddings up in the policy's float32 table, so it holds the table once (packed), not twice."""
+    base = make_tiny_model(tiny_tokenizer)
+    base.lm_head.weight = base.model.embed_tokens.weight  # tied, as SmolLM2's
+    policy = get_peft_model(base, tiny_lora())
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    model = RolloutCopy("bf16").refresh(policy, version=0)
+    assert isinstance(model.get_output_embeddings(), PackedBf16Linear)
+    lookup = model.get_input_embeddings()
+    assert type(lookup) is copy_module._PolicyRowsEmbedding
+    assert not any(p.numel() == base.model.embed_tokens.weight.numel() for p in model.parameters())
+    expected = base.model.embed_tokens.weight[ids].to(torch.bfloat16)  # a cast table's rows
+    assert torch.equal(lookup(ids), expected)
+    plain = RolloutCopy("bf16", pack=False).refresh(policy, version=0)
+    assert plain.get_input_embeddings().weight is plain.get_output_embeddings().weight
+    torch.testing.assert_close(_logits(model, ids), _logits(plain, ids), atol=0.02, rtol=0)
+    scaled = make_tiny_model(tiny_tokenizer)  # an embedding that is not a plain nn.Embedding:
+    scaled.lm_head.weight = scaled.model.embed_tokens.weight
+    scaled.model.embed_tokens.__class__ = type("Scaled", (torch.nn.Embedding,), {})
+    kept = RolloutCopy("bf16").refresh(get_peft_model(scaled, tiny_lora()), version=0)
+    assert type(kept.get_output_embeddings()) is torch.nn.Linear  # the tied head stays unpacked
+    assert kept.get_input_embeddings().weight is kept.get_output_embeddings().weight
 
 
 @needs_packing
@@ -254,12 +282,13 @@ def test_training_from_a_bf16_copy_logs_the_mismatch(tiny_tokenizer, tmp_path):
         assert row["sampling/importance_sampling_bounded"] == 0.0
     copy_model = trainer._sampler.copy.model
     packed = [m for m in copy_model.modules() if isinstance(m, PackedBf16Linear)]
-    assert not any(m.holds_weight for m in packed)  # the merged layers, freed for training
+    merged = [m for m in packed if m is not copy_model.get_output_embeddings()]
+    assert merged and not any(m.holds_weight for m in merged)  # freed for training
     weights = [p for p in copy_model.parameters() if p.dim() == 2]
     released = [p for p in weights if p.untyped_storage().nbytes() == 0]
     if not packed:  # plain layers: freed the same way
         assert 0 < len(released) < len(weights)
-    assert len(released) < len(weights)  # not the rest: the embedding and the LM head stay
+    assert len(released) < len(weights)  # not the rest: the embedding (and the frozen head) stay
     plain = _trained(tiny_tokenizer, tmp_path / "plain")
     assert not any(k.startswith("sampling/") for r in plain.state.log_history for k in r)
 
