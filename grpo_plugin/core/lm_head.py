@@ -47,6 +47,23 @@ def _token_logps(logits: torch.Tensor, targets: torch.Tensor):
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_norm, log_norm
 
 
+def _softmax_parts(logits: torch.Tensor, targets: torch.Tensor, keep_shifted: bool):
+    """The frozen form's pass over `(C, V)` logits, consuming them: `(log-probs (C,), exps (C, V),
+    total (C,), shifted (C, V) or None)` with shifted = z - m (m the row max; in place in `logits`)
+    exps = exp(shifted) (in place too unless `keep_shifted`) and total = sum(exps). The log-probs
+    are `_token_logps`'s bit for bit: torch's CPU `logsumexp` is the same amax, masked infinite
+    max, exp of the difference, sum, log and add. Five passes over `(C, V)` where the two-step
+    form (logsumexp, then softmax from the normaliser) took seven."""
+    target_logits = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (C,)
+    row_max = logits.amax(dim=-1, keepdim=True)  # (C, 1)
+    row_max.masked_fill_(row_max.abs() == float("inf"), 0.0)
+    shifted = logits.sub_(row_max)  # (C, V)
+    exps = shifted.exp() if keep_shifted else shifted.exp_()
+    total = exps.sum(dim=-1)  # (C,)
+    log_norm = total.log().add_(row_max.squeeze(-1))
+    return target_logits - log_norm, exps, total, (shifted if keep_shifted else None)
+
+
 def chunk_logps(head, hidden, targets, temperature: float, softcap: float | None, entropy: str):
     """Head + float32 log-softmax + gather for one chunk: `(C, H)` -> `(C,)` log-probs (and entropy:
     `entropy` is "" for none, "detached" or "grad")."""
@@ -73,14 +90,16 @@ class _FrozenHeadLogps(torch.autograd.Function):
         temperature, softcap, want_entropy = scoring
         logits, capped = scaled_logits(head(hidden).float(), temperature, softcap)  # (C, V)
         slope = None if capped is None else 1.0 - capped * capped  # s'(x) of the soft cap
-        logps, log_norm = _token_logps(logits, targets)  # (C,), (C,)
-        log_probs = logits.sub_(log_norm.unsqueeze(-1))  # (C, V), in place: logits are done
-        probs = log_probs.exp()  # (C, V)
-        entropy = -(probs * log_probs).sum(-1) if want_entropy else logps.new_zeros(0)  # (C,)
-        del log_probs, logits, capped
-        direction = probs.neg_()  # (C, V): e_t - p, built in place
+        del capped
+        logps, exps, total, shifted = _softmax_parts(logits, targets, keep_shifted=want_entropy)
+        entropy = logps.new_zeros(0)
+        if want_entropy:  # H = log S - sum_v e_v (z_v - m) / S, one fused pass over (C, V)
+            weighted = torch.linalg.vecdot(exps, shifted)  # (C,)
+            entropy = total.log() - weighted / total
+        del shifted, logits
+        direction = exps.mul_((-1.0 / total).unsqueeze(-1))  # (C, V): -p, in place
         rows = torch.arange(targets.numel(), device=targets.device)
-        direction[rows, targets] += 1.0
+        direction[rows, targets] += 1.0  # e_t - p
         if slope is not None:
             direction.mul_(slope)
         weight = head.weight  # (V, H)
