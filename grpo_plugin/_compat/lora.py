@@ -2,13 +2,16 @@
 `_compat/__init__.py`).
 
 peft computes `base(x) + lora_B(lora_A(x)) * scaling`: after the base product, one pass over the
-`(tokens, out)` output to scale it, one to add it, and their backward passes. `torch.addmm` does
+`(tokens, out)` output to scale it, one to add it, and their backward passes. `Tensor.addmm_` does
 the up-projection, the scaling and the sum in one product that accumulates into the base output:
 `y = x W^T + s (x A^T) B^T` (LoRA, https://arxiv.org/abs/2106.09685). Same log-probs bit for bit on
 SmolLM2 + LoRA r=16 (16 x 24 tokens), gradients within 2e-6 relative (float summation order). In
 the trainer with policy rollouts (`short`'s settings, switched at alternate steps; 2-core Xeon,
 2026-12-06) about 6% of a step, generation and training both; with a merged bf16 rollout copy
-no measurable gain (docs/benchmarks.md, round three 2026-12-06).
+no measurable gain (docs/benchmarks.md, round three 2026-12-06). The product accumulates in
+place into the base output, which autograd does not keep (frozen W): an out-of-place `addmm`
+copied that output first, one more pass per layer (forward + backward of `short`'s training
+micro-batch: 1.143 -> 1.118 s, log-probs and gradients equal bit for bit).
 
 Any case but the plain one runs peft's own forward, decided at each call: extra arguments (mixed
 adapter batches), adapters disabled or merged, a LoRA variant (DoRA, ...), dropout, a bias on B,
@@ -49,7 +52,7 @@ def _one_product_forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) 
     flat = x.reshape(-1, x.shape[-1])  # (tokens, in)
     out = torch.nn.functional.linear(flat, base.weight, base.bias)  # (tokens, out)
     for down, up, scale in adapters:  # (r, in), (out, r)
-        out = torch.addmm(out, flat @ down.t(), up.t(), alpha=scale)  # += s (x A^T) B^T
+        out.addmm_(flat @ down.t(), up.t(), alpha=scale)  # += s (x A^T) B^T, in place
     return out.view(*x.shape[:-1], out.shape[-1])
 
 
