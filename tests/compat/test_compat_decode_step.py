@@ -12,7 +12,7 @@ from conftest import make_tiny_model, make_tiny_tokenizer
 from peft import LoraConfig, get_peft_model
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
-from grpo_plugin._compat import LeanDecodeStep, unwrap_peft
+from grpo_plugin._compat import LeanDecodeStep, cache_argument_name, output_cache, unwrap_peft
 from grpo_plugin._compat import decode_step as module
 from grpo_plugin.rollout import generation
 from grpo_plugin.rollout.generation import generate_groups
@@ -34,10 +34,12 @@ def _qwen2(**options):
 
 
 def _reference(model):
+    name = cache_argument_name(model)  # `cache` from transformers 5.24, `past_key_values` before
+
     def forward(ids, attention, positions, cache):
         out = model(
-            input_ids=ids, attention_mask=attention, position_ids=positions, cache=cache,
-            use_cache=True,
+            input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True,
+            **{name: cache},
         )  # fmt: skip
         return out.logits[:, -1, :].float()
 
@@ -51,7 +53,7 @@ def _prefill(model, padded: bool):
         attention[0, :2] = 0  # row 0 is left-padded
     positions = (attention.cumsum(-1) - 1).clamp(min=0)
     with torch.inference_mode():
-        cache = model(input_ids=ids, attention_mask=attention, position_ids=positions).cache
+        cache = output_cache(model(input_ids=ids, attention_mask=attention, position_ids=positions))
     return attention, cache
 
 
