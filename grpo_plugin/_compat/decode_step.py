@@ -13,10 +13,10 @@ o_proj and the residual, the RMSNorm, the SiLU-gated MLP and the residual; the f
 LM head on the last position. 25.5 ms.
 
 It is used only where it mirrors the model exactly: the classes below (Llama, and Qwen2 without
-sliding-window layers), SDPA attention, SiLU, a `DynamicCache` of plain layers, no hooks on the
-modules whose forward it replaces, no live dropout. And it proves it on the model itself: the first step with each
-model runs both forms and keeps the lean one only if its logits equal transformers' bit for bit
-(else, once, a log line and transformers' forward from then on).
+sliding-window layers), SDPA attention, SiLU, a cache of plain dynamic layers, no hooks on the
+modules whose forward it replaces, no live dropout. And it proves it on the model itself: the
+first step with each model runs both forms and keeps the lean one only if its logits equal
+transformers' bit for bit (else, once, a log line and transformers' forward from then on).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _hooked(module: torch.nn.Module) -> bool:
     """Hooks, or a forward set on the instance (accelerate's autocast wrapper under mixed
     precision, an offloading hook): the lean step would run without them."""
     hooks = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks")
-    patched = "forward" in vars(module) or hasattr(module, "_hf_hook")
+    patched = "forward" in vars(module) or "_hf_hook" in vars(module)
     return patched or any(getattr(module, h, None) for h in hooks)
 
 
@@ -125,13 +125,10 @@ class LeanDecodeStep:
         return LeanDecodeStep(model)
 
     def takes(self, ids: torch.Tensor, cache) -> bool:
-        layers = getattr(cache, "layers", None)
-        return (
-            ids.size(1) == 1
-            and type(cache).__name__ == "DynamicCache"
-            and bool(layers)
-            and all(type(layer).__name__ == "DynamicLayer" for layer in layers)
-        )
+        """One token per row, on a cache of plain dynamic layers (`_compat.cache_tensors`)."""
+        from . import cache_tensors  # the package imports this module first
+
+        return ids.size(1) == 1 and cache_tensors(cache) is not None
 
     def __call__(self, ids, attention, positions, cache, reference: Callable) -> torch.Tensor:
         verdict = _VERDICTS.get(self.model)

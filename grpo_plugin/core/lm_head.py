@@ -93,7 +93,7 @@ class _FrozenHeadLogps(torch.autograd.Function):
         del capped
         logps, exps, total, shifted = _softmax_parts(logits, targets, keep_shifted=want_entropy)
         entropy = logps.new_zeros(0)
-        if want_entropy:  # H = log S - sum_v e_v (z_v - m) / S, one fused pass over (C, V)
+        if want_entropy:  # H = log S - sum_v e_v (z_v - m) / S, in place over the shifted
             weighted = shifted.mul_(exps).sum(dim=-1)  # (C,); shifted is done with
             entropy = total.log() - weighted / total
         del shifted, logits

@@ -5,8 +5,8 @@ bound by memory bandwidth: a copy with half the bytes per weight decodes faster.
 plain transformers model with the LoRA adapter merged in (no adapter matmuls per token either):
 
 - 'bf16': every weight in bfloat16; on an x86 CPU the linear weights (the LM head too, unless
-  its tied table cannot be read from the policy instead) are kept in oneDNN's blocked layout (`_compat.PackedBf16Linear`), packed at each refresh instead of
-  reordered by torch on every call (a 16-row decode step of SmolLM2: 39.8 ms instead of 49.5;
+  its tied table cannot be read from the policy instead) are kept in oneDNN's blocked layout
+  (`_compat.PackedBf16Linear`), packed at each refresh instead of reordered by torch on every call (a 16-row decode step of SmolLM2: 39.8 ms instead of 49.5;
   not with `compile_decode`, whose compiler packs for itself);
 - 'fp16': the linear layers hold float16 weights and compute in float32 (fbgemm's packed fp16
   GEMM, CPU only), the rest in float32: half the bytes where bf16 is not native. (An int8 copy
@@ -76,7 +76,8 @@ class RolloutCopy:
     """The rollout copy of one policy: `refresh(policy, version)` returns the model to sample
     from, holding the policy's current weights (copied in only when `version` changed).
     `pack`: a bf16 copy on a CPU holds its linear weights (the LM head too, `_pack_linears`) in
-    oneDNN's blocked layout (`PackedBf16Linear`); off for `compile_decode`, which traces plain layers."""
+    oneDNN's blocked layout (`PackedBf16Linear`); off for `compile_decode`, which traces plain
+    layers."""
 
     def __init__(self, precision: str, pack: bool = True) -> None:
         if precision not in ("bf16", "fp16"):
@@ -272,8 +273,8 @@ def _pack_linears(policy: torch.nn.Module, merged: torch.nn.Module, links: list[
     """Swap the bf16 copy's linear layers for `PackedBf16Linear`s, the LM head included. A head
     tied to the input embedding is packed only where the copy can look its embeddings up in the
     policy's own table instead (`_PolicyRowsEmbedding`): the copy's bf16 table is then dropped,
-    so the packed head takes its place rather than adding a second copy of it (on SmolLM2-135M
-    the head's product per 16-row decode step: 4.8 -> 1.9 ms)."""
+    so the packed head takes its place rather than adding a second copy of it (SmolLM2-135M,
+    16 rows: a decode step 29.9 -> 29.2 ms, alternating, 2-core Xeon, 2026-12-06)."""
     head, embedding = merged.get_output_embeddings(), merged.get_input_embeddings()
     tied = head is not None and embedding is not None and head.weight is embedding.weight
     lookup = _PolicyRowsEmbedding.of(policy, embedding) if tied else None
