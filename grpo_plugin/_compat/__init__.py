@@ -55,6 +55,7 @@ from typing import Any
 import torch
 
 from .._logging import warn_once
+from .cache import cache_tensors, dynamic_cache_of  # noqa: F401  (re-exported: their row)
 from .decode_step import LeanDecodeStep  # noqa: F401  (re-exported: its row of the table)
 from .kernels import (  # noqa: F401  (re-exported: the CPU kernel rows of the table)
     PackedBf16Linear,
@@ -236,21 +237,6 @@ def expand_cache(cache, repeats: int) -> bool:
     except (NotImplementedError, ValueError, AttributeError, TypeError):
         return False
     return True
-
-
-def cache_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-    """Each layer's (keys, values) of a `DynamicCache` of plain `DynamicLayer`s; None otherwise."""
-    layers = getattr(cache, "layers", None)
-    if not layers or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
-        return None
-    return [(layer.keys, layer.values) for layer in layers]
-
-
-def dynamic_cache_of(tensors: list[tuple[torch.Tensor, torch.Tensor]]):
-    """A `DynamicCache` holding these per-layer (keys, values); the next update appends columns."""
-    from transformers import DynamicCache
-
-    return DynamicCache(ddp_cache_data=tensors)
 
 
 def static_cache_from(cache, config, max_cache_len: int):

@@ -27,6 +27,8 @@ from collections.abc import Callable
 
 import torch
 
+from .cache import cache_tensors
+
 __all__ = ["LeanDecodeStep"]
 
 logger = logging.getLogger(__name__)
@@ -126,8 +128,6 @@ class LeanDecodeStep:
 
     def takes(self, ids: torch.Tensor, cache) -> bool:
         """One token per row, on a cache of plain dynamic layers (`_compat.cache_tensors`)."""
-        from . import cache_tensors  # the package imports this module first
-
         return ids.size(1) == 1 and cache_tensors(cache) is not None
 
     def __call__(self, ids, attention, positions, cache, reference: Callable) -> torch.Tensor:
