@@ -95,17 +95,27 @@ def _mirrors(model: torch.nn.Module) -> bool:
 
 
 def _rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """transformers' Llama RMSNorm, op for op: float32 statistics, the weight in x's dtype."""
+    """transformers' Llama RMSNorm, value for value: float32 statistics, the weight in x's dtype.
+    In place where transformers allocates (the same roundings; `x * x` is `pow(2)`'s kernel),
+    but never on `x` itself (a float32 `x` is its own `to(float32)`)."""
     hidden = x.to(torch.float32)
-    variance = hidden.pow(2).mean(-1, keepdim=True)
-    hidden = hidden * torch.rsqrt(variance + norm.variance_epsilon)
+    variance = (hidden * hidden).mean(-1, keepdim=True)
+    scale = variance.add_(norm.variance_epsilon).rsqrt_()  # (..., 1)
+    hidden = hidden * scale if hidden is x else hidden.mul_(scale)
     return norm.weight * hidden.to(x.dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of `(A, heads, 1, d)`, as transformers' `apply_rotary_pos_emb`."""
-    half = x.shape[-1] // 2
-    return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
+def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """`sin` with its first half negated, so that `_rotate` needs no negation per layer."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of `(A, heads, 1, d)`, as transformers' `apply_rotary_pos_emb`:
+    `x cos + rotate_half(x) sin` with `rotate_half(x) = (-x2, x1)`. Here `(x2, x1)` is one roll
+    and the sign sits in `signed_sin`: `x2 * -s1` and `-x2 * s1` are the same float."""
+    return (x * cos) + (x.roll(x.shape[-1] // 2, -1) * signed_sin)
 
 
 class LeanDecodeStep:
@@ -162,7 +172,7 @@ class LeanDecodeStep:
         attend = ALL_ATTENTION_FUNCTIONS["sdpa"]
         x = body.embed_tokens(ids)  # (A, 1, H)
         cos, sin = body.rotary_emb(x, position_ids=positions)  # (A, 1, d) each
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        cos, sin = cos.unsqueeze(1), _signed_sin(sin.unsqueeze(1))
         # transformers' mask for one new token: none when no row is padded, else the padding mask
         mask = None if bool(attention.all()) else attention.bool()[:, None, None, :]  # (A,1,1,W)
         for index, layer in enumerate(body.layers[: body.config.num_hidden_layers]):

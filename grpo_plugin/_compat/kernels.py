@@ -121,12 +121,7 @@ def rows_attention_for_packed_tokens(body: torch.nn.Module) -> bool:
             rows = kwargs.pop("packed_rows", None)
             if rows is None:  # any other forward: untouched
                 return sdpa(module, query, key, value, attention_mask, **kwargs)
-            window = kwargs.get("sliding_window")
-            q, k, v, mask = rows.to_rows(query, key, value, window)  # (N, heads, T | L + T, d)
-            out = rows.attend(q, k, v, mask, kwargs)  # (N, T, heads, d), or None: SDPA's
-            if out is None:
-                out, _ = sdpa(module, q, k, v, mask, **kwargs)
-            return rows.from_rows(out), None  # (1, M, heads, d)
+            return rows.attention(module, query, key, value, kwargs, sdpa), None  # (1, S, h, d)
 
         AttentionInterface.register("sdpa", sdpa_in_rows)
         _ROWS_ATTENTION.append(True)

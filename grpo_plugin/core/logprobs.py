@@ -54,7 +54,7 @@ from .._compat import (
 )
 from .._logging import warn_once
 from .lm_head import chunk_logps, frozen_head_logps, is_frozen_linear
-from .padding_free import PackedRows, packed_suffix_hidden
+from .padding_free import PackedRows, packed_hidden_with_prompts, packed_suffix_hidden
 from .prompt_grad import SharedPromptGrad
 from .tensors import position_ids_from_mask
 
@@ -125,6 +125,11 @@ def _plain_hidden(body, prompt_ids, prompt_mask, completion_ids, completion_mask
     return (hidden, out.router_logits, mask) if router else hidden
 
 
+def _head_dim(body) -> int:
+    config = body.config
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def _shared_hidden(body, group, tensors, held, padding_free=False):
     """Prompt prefix encoded once per group, its cache expanded to G rows; None if unsupported.
     `tensors`: the trimmed (prompt_ids, prompt_mask, completion_ids, completion_mask). `held` (a
@@ -147,20 +152,27 @@ def _shared_hidden(body, group, tensors, held, padding_free=False):
         )
         return output_cache(prefix)
 
+    suffix_ids = torch.cat([prompt_ids[:, -1:], completion_ids[:, :-1]], dim=1)  # (N, T)
+    suffix_positions = positions[:, prompt_len - 1 : prompt_len - 1 + width]  # (N, T)
+    layout_masks = (prompt_mask[:, :-1], mask[:, prompt_len - 1 : -1], completion_mask, group)
+    shares_held = held is not None and prompt_ids.size(0) == group  # one prompt, held across
+    if padding_free and not shares_held:  # prompts and completions in one packed forward
+        layout = PackedRows(*layout_masks, prompts_inline=True)
+        if layout.worth_packing(_head_dim(body)):
+            prompts = (prompt_ids[::group, :-1], positions[::group, : prompt_len - 1])
+            hidden = packed_hidden_with_prompts(body, layout, prompts, suffix_ids, suffix_positions)
+            if hidden is not None:
+                return hidden
     cache, expanded = None, False
-    if held is not None and prompt_ids.size(0) == group:  # one prompt in this micro-batch
+    if shares_held:
         cache = held.cache_for(prompt_ids[:1, :-1], prompt_mask[:1, :-1], group, encode)
         expanded = cache is not None
     if cache is None:
         cache = encode()
     if cache is None or cache.get_seq_length() != prompt_len - 1:
         return None
-    suffix_ids = torch.cat([prompt_ids[:, -1:], completion_ids[:, :-1]], dim=1)  # (N, T)
-    suffix_positions = positions[:, prompt_len - 1 : prompt_len - 1 + width]  # (N, T)
     if padding_free:
-        layout = PackedRows(
-            prompt_mask[:, :-1], mask[:, prompt_len - 1 : -1], completion_mask, group
-        )
+        layout = PackedRows(*layout_masks)
         prefix = cache_tensors(cache)  # per layer (keys, values) `(P | N, heads, L, d)`
         if prefix is not None and layout.worth_packing(head_dim=prefix[0][0].size(-1)):
             hidden = packed_suffix_hidden(body, prefix, layout, suffix_ids, suffix_positions)

@@ -16,6 +16,13 @@ are packed into ONE row `(1, M)` instead of `(N, T)`:
 
 Every real token therefore sees exactly the keys it sees in the padded forward: the result is
 the padded one up to float summation order (tests: log-probs and gradients to 1e-5 relative).
+
+With the prompts inline (`packed_hidden_with_prompts`, the default when a micro-batch holds its
+groups' prompts) the same row starts with the P prompts' L tokens each, and ONE forward encodes
+them and runs the completions: each layer's products, norms and MLP run once over P*L + M tokens
+instead of once in a prompt forward and once in a completion forward, and the prompts' queries
+attend within their own prompt in the row layout `(P, heads, L, d)`. SmolLM2's `short` forward +
+backward (2 prompts x 8 completions of 12-24 tokens, 2-core Xeon, 2026-12-06): 1.154 -> 1.055 s.
 The same packing as TRL's `padding_free` and flash-attention's varlen kernels, for SDPA, where
 attention keeps the row layout so no (M x M) mask is built.
 
@@ -33,7 +40,7 @@ import torch
 from .._compat import cache_argument_name, dynamic_cache_of, rows_attention_for_packed_tokens
 from .._logging import warn_once
 
-__all__ = ["PackedRows", "packed_suffix_hidden"]
+__all__ = ["PackedRows", "packed_hidden_with_prompts", "packed_suffix_hidden"]
 
 _MIN_SAVED = 1 / 16  # pack only when it removes at least this share of the (N x T) slots
 _UNSUPPORTED: weakref.WeakSet = weakref.WeakSet()  # bodies whose attention did not route here
@@ -54,7 +61,9 @@ class PackedRows:
     `suffix_mask` `(N, T)`: which suffix inputs are real (the last prompt token, then the
     completion tokens but the last); `target_mask` `(N, T)`: which slots predict a real token."""
 
-    def __init__(self, prefix_mask, suffix_mask, target_mask, group: int) -> None:
+    def __init__(
+        self, prefix_mask, suffix_mask, target_mask, group: int, prompts_inline: bool = False
+    ) -> None:
         rows, width = target_mask.shape
         prompt_width = prefix_mask.size(1)
         device = target_mask.device
@@ -74,6 +83,10 @@ class PackedRows:
         self.group = group
         self._key_masks = (prefix_mask.bool(), suffix_mask.bool())  # the mask is built on first use
         self._masks: dict[torch.dtype, torch.Tensor] = {}
+        # `prompts_inline`: the packed row starts with the P prompts' L tokens each (P*L), which
+        # the same forward encodes (their queries attend within their prompt) instead of a cache
+        self.prompt_tokens = (rows // group) * prompt_width if prompts_inline else 0
+        self._prompt_masks: dict[torch.dtype, torch.Tensor] = {}
         self.calls = 0  # attention layers that ran through `to_rows` (the caller checks them)
 
     def _allowed_keys(self, prefix_mask, suffix_mask) -> torch.Tensor:
@@ -101,6 +114,21 @@ class PackedRows:
             blocked = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
             self._masks[dtype] = blocked.masked_fill_(~allowed, torch.finfo(dtype).min)
         return self._masks[dtype]
+
+    def prompt_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """The additive mask `(P, 1, L, L)` of the inline prompts' own attention: causal over
+        their real tokens; a padding query sees only itself (its output is never read)."""
+        if dtype not in self._prompt_masks:
+            prefix = self._key_masks[0][:: self.group]  # (P, L)
+            width = prefix.size(1)
+            causal = torch.ones(width, width, dtype=torch.bool, device=prefix.device).tril()
+            allowed = causal[None] & prefix[:, None, :]
+            allowed |= torch.eye(width, dtype=torch.bool, device=prefix.device)
+            blocked = torch.zeros(allowed.shape, dtype=dtype, device=prefix.device)
+            self._prompt_masks[dtype] = blocked.masked_fill_(~allowed, torch.finfo(dtype).min)[
+                :, None
+            ]
+        return self._prompt_masks[dtype]
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """`(N, T, ...)` -> `(1, M, ...)`: the kept slots, row after row."""
@@ -157,6 +185,30 @@ class PackedRows:
         """Attention output `(N, T, heads, d)` -> `(1, M, heads, d)`."""
         return self.pack(out)
 
+    def attention(self, module, query, key, value, options: dict, sdpa) -> torch.Tensor:
+        """The attention of the packed row: `(1, heads, S, d)` queries (S = M, or P*L + M with
+        inline prompts), `(1, kv heads, P*L + M, d)` keys and values -> `(1, S, heads, d)`.
+        `sdpa(module, q, k, v, mask, **options)` is transformers' SDPA entry, for what `attend`
+        leaves to it."""
+        inline = self.prompt_tokens
+
+        def attend(q, k, v, mask):  # row layout -> (R, T, heads, d): `attend`, else SDPA
+            out = self.attend(q, k, v, mask, options)
+            return out if out is not None else sdpa(module, q, k, v, mask, **options)[0]
+
+        suffix = self.to_rows(query[:, :, inline:], key, value, options.get("sliding_window"))
+        out = self.from_rows(attend(*suffix))  # (1, M, heads, d)
+        if not inline:
+            return out
+        rows = (self.rows // self.group, self.prompt_width)  # (P, L)
+
+        def prompt_rows(x):  # (1, h, P*L, d) -> (P, h, L, d)
+            return x[0, :, :inline].unflatten(1, rows).transpose(0, 1)
+
+        parts = (prompt_rows(query), prompt_rows(key), prompt_rows(value))
+        prompts = attend(*parts, self.prompt_mask(query.dtype))  # (P, L, heads, d)
+        return torch.cat([prompts.flatten(0, 1)[None], out], 1)  # (1, P*L + M, heads, d)
+
 
 def _one_row_per_prompt(tensor: torch.Tensor, layout: PackedRows) -> torch.Tensor:
     """A cache tensor `(P | N, heads, L, d)` -> `(1, heads, P*L, d)`: the prompts side by side."""
@@ -179,32 +231,54 @@ def packed_suffix_hidden(body, prefix, layout: PackedRows, suffix_ids, positions
     prefix cache: one row per prompt, or expanded to the N rows); `(N, T, H)` hidden states
     (zeros at dropped slots), or None when this body cannot run packed (the caller pads).
     `suffix_ids`, `positions`: `(N, T)`."""
+    flat = [tuple(_one_row_per_prompt(t, layout) for t in pair) for pair in prefix]
+    packed = (layout.pack(suffix_ids), layout.pack(positions))  # (1, M) each
+    cache = {cache_argument_name(body): dynamic_cache_of(flat), "use_cache": True}
+    hidden = _packed_body(body, layout, *packed, cache, layers=len(prefix))
+    return None if hidden is None else layout.unpack(hidden)
+
+
+def packed_hidden_with_prompts(body, layout: PackedRows, prompts, suffix_ids, positions):
+    """The prompts and the packed suffix in ONE forward of one row (`layout.prompt_tokens`
+    set): the P prompts' L tokens each `(P*L)`, then the suffix's real tokens `(M)`. The prompts'
+    queries attend within their prompt, the suffix's to its prompt and itself, exactly as against
+    a prefix cache, but every layer's products, norms and MLP run once over P*L + M tokens
+    instead of a prompt forward and a suffix forward. `prompts`: `(ids, positions)` `(P, L)`
+    each; `suffix_ids`, `positions` `(N, T)`. `(N, T, H)` hidden states, or None (as above)."""
+    ids = torch.cat([prompts[0].reshape(1, -1), layout.pack(suffix_ids)], 1)  # (1, P*L + M)
+    where = torch.cat([prompts[1].reshape(1, -1), layout.pack(positions)], 1)
+    layers = getattr(body.config, "num_hidden_layers", None)
+    hidden = _packed_body(body, layout, ids, where, {"use_cache": False}, layers=layers)
+    return None if hidden is None else layout.unpack(hidden[:, layout.prompt_tokens :])
+
+
+def _packed_body(body, layout: PackedRows, ids, positions, cache: dict, layers):
+    """`(1, S, H)` last hidden states of the body over one packed row, or None when this body
+    cannot run packed (remembered, with one warning)."""
     if body in _UNSUPPORTED:
         return None
     if not rows_attention_for_packed_tokens(body):
         kind = getattr(body.config, "_attn_implementation", None)
         _unsupported(body, f"the model attends with {kind!r}, not 'sdpa'")
         return None
-    flat = [tuple(_one_row_per_prompt(t, layout) for t in pair) for pair in prefix]
     try:
         out = body(
-            input_ids=layout.pack(suffix_ids),  # (1, M)
-            attention_mask=torch.ones(1, 1, 1, 1, dtype=torch.bool, device=suffix_ids.device),
-            position_ids=layout.pack(positions),  # (1, M)
-            use_cache=True,
+            input_ids=ids,
+            attention_mask=torch.ones(1, 1, 1, 1, dtype=torch.bool, device=ids.device),
+            position_ids=positions,
             packed_rows=layout,
-            **{cache_argument_name(body): dynamic_cache_of(flat)},
+            **cache,
         )
     except TypeError as error:  # a forward that takes no extra keywords (remote code)
         if "packed_rows" not in str(error):
             raise
         _unsupported(body, f"the model's forward does not pass attention keywords on ({error})")
         return None
-    if layout.calls != len(prefix):
+    if layout.calls != layers:
         _unsupported(
             body,
-            f"{layout.calls} of {len(prefix)} attention layers ran through the packed SDPA path "
+            f"{layout.calls} of {layers} attention layers ran through the packed SDPA path "
             "(sliding windows or a custom attention)",
         )
         return None
-    return layout.unpack(out.last_hidden_state)
+    return out.last_hidden_state

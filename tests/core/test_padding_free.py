@@ -95,6 +95,23 @@ def test_layout_by_hand():
     assert layout.unpack(hidden)[..., 0].tolist() == [[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]]
 
 
+def test_inline_prompts_by_hand():
+    """Prompts inline: 2 prompts of L=3 (prompt 0 left-padded by one), 2 rows each. The row
+    starts with their 6 tokens; each prompt query sees its prompt's real keys up to itself, a
+    padding query only itself; the suffix keys index the same columns as with a cache."""
+    prefix_mask = torch.tensor([[0, 1, 1], [0, 1, 1], [1, 1, 1], [1, 1, 1]])
+    target_mask = torch.tensor([[1, 1], [1, 0], [1, 1], [1, 1]])
+    masks = (prefix_mask, torch.ones(4, 2, dtype=torch.long), target_mask)
+    inline, cached = PackedRows(*masks, group=2, prompts_inline=True), PackedRows(*masks, group=2)
+    assert inline.prompt_tokens == 6 and cached.prompt_tokens == 0
+    assert inline.key_index.tolist() == cached.key_index.tolist()
+    assert torch.equal(inline.mask(torch.float32), cached.mask(torch.float32))
+    allowed = inline.prompt_mask(torch.float32)[:, 0] == 0  # (P, L, L)
+    assert allowed[0].tolist() == [[True, False, False], [False, True, False], [False, True, True]]
+    assert allowed[1].tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+    assert inline.prompt_mask(torch.float32) is inline.prompt_mask(torch.float32)
+
+
 @pytest.mark.parametrize("heads, kv_heads", [(6, 2), (4, 4)])
 def test_row_attention_by_matmul_matches_sdpa(heads, kv_heads):
     """`attend` (each key/value head read by its group of query heads, no copies) against torch's
@@ -135,11 +152,23 @@ def test_packed_forward_matches_the_padded_one(tiny_model):
     batch = _batch()
     padded = _run(model, batch)
     packed = _run(model, batch, padding_free=True)
-    # prompts once (2 rows of 8), then the suffix: padded (6, 9), packed (1, real slots)
+    # padded: the prompts once (2 rows of 8), then the suffix (6, 9); packed: ONE row of the
+    # prompts' 2 x 8 tokens and the suffix's real slots
     kept = 9 + 3 + 7 + 9 + 2 + 5  # each row up to its last real target, the hole included
-    assert padded[2] == [(2, 8), (6, 9)] and packed[2] == [(2, 8), (1, kept)]
+    assert padded[2] == [(2, 8), (6, 9)] and packed[2] == [(1, 2 * 8 + kept)]
     _assert_same(padded, packed)
     assert torch.all(packed[0][batch[3] == 0] == 0)
+
+
+def test_prompts_wider_than_attend_go_inline_through_sdpa(tiny_model):
+    """Prompts of 19 and 12 tokens before their last (the tiny model's `attend` takes rows up to
+    16): their inline attention runs in transformers' SDPA under the prompt mask, padding
+    included, and the result is still the padded forward's."""
+    model = _lora(tiny_model)
+    batch = group_batch((20, 13), width=9, real_lengths=[9, 3, 7, 9, 2, 5], group=GROUP)
+    padded, packed = _run(model, batch), _run(model, batch, padding_free=True)
+    assert packed[2] == [(1, 2 * 19 + 35)]
+    _assert_same(padded, packed)
 
 
 def test_a_tool_result_inside_the_completion_is_attended_and_not_scored(tiny_model):
@@ -183,7 +212,7 @@ def test_narrow_rows_pack_without_padding_wide_ones_run_padded(tiny_model):
     model = _lora(tiny_model)
     batch = group_batch((5, 4), width=6, real_lengths=[6] * 6, group=GROUP)
     packed = _run(model, batch, padding_free=True)
-    assert packed[2] == [(2, 4), (1, 36)]
+    assert packed[2] == [(1, 2 * 4 + 36)]  # the prompts' 2 x 4 tokens inline
     _assert_same(_run(model, batch, padding_free=False), packed)
     batch = group_batch((5, 4), width=20, real_lengths=[20] * 6, group=GROUP)
     assert _run(model, batch, padding_free=True)[2] == [(2, 4), (6, 20)]
@@ -243,7 +272,8 @@ def test_a_forward_without_keyword_pass_through_runs_padded(tiny_model, monkeypa
     _logging._warned.discard("padding-free")
     with caplog.at_level(logging.WARNING, logger="grpo_plugin"):
         padded = _run(model, _batch(), padding_free=True)
-    assert padded[2][-2:] == [(1, 35), (6, 9)]  # the packed try, then the padded forward
+    # the packed try (prompts inline), then the prompt forward and the padded suffix
+    assert padded[2] == [(1, 2 * 8 + 35), (2, 8), (6, 9)]
     assert any("does not pass attention keywords on" in r.getMessage() for r in caplog.records)
     padding_free._UNSUPPORTED.discard(body)
 
