@@ -171,6 +171,17 @@ def test_prompts_wider_than_attend_go_inline_through_sdpa(tiny_model):
     _assert_same(padded, packed)
 
 
+def test_a_one_token_prompt_has_only_padding_inline(tiny_model):
+    """A one-token prompt beside a 6-token one: its inline part is all padding (each padding
+    query sees itself), its completions see none of it, and nothing turns NaN."""
+    model = _lora(tiny_model)
+    batch = group_batch((1, 6), width=5, real_lengths=[5, 2, 4, 5, 3, 1], group=GROUP)
+    padded, packed = _run(model, batch), _run(model, batch, padding_free=True)
+    assert packed[2] == [(1, 2 * 5 + 20)]
+    assert torch.isfinite(packed[0]).all()
+    _assert_same(padded, packed)
+
+
 def test_a_tool_result_inside_the_completion_is_attended_and_not_scored(tiny_model):
     model = _lora(tiny_model)
     batch = _batch()
