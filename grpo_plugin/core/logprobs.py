@@ -21,7 +21,8 @@ per-token quantity of the GRPO objective (DeepSeekMath, eq. 3, https://arxiv.org
   with a single warning. A group split over several micro-batches can share its prompt across
   them too (`shared_prompt`, core/prompt_grad.py). With `padding_free` the completions run
   packed into one row of real tokens (core/padding_free.py): the same result without the
-  padding's share of the layers' matrix products.
+  padding's share of the layers' matrix products. Where the micro-batch holds its groups'
+  prompts, they go inline at the start of that row and one forward runs both.
 
 - MoE router auxiliary loss (`return_aux_loss`): the plain forward runs with
   `output_router_logits=True` and the model's own load-balancing loss (Switch Transformer eqs. 4-6,
@@ -126,8 +127,11 @@ def _plain_hidden(body, prompt_ids, prompt_mask, completion_ids, completion_mask
 
 
 def _head_dim(body) -> int:
+    """The attention heads' width from the config; 0 where it does not say (then packing is
+    decided by the padding it drops alone, `PackedRows.worth_packing`)."""
     config = body.config
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    heads, hidden = (getattr(config, k, None) for k in ("num_attention_heads", "hidden_size"))
+    return getattr(config, "head_dim", None) or (hidden // heads if heads and hidden else 0)
 
 
 def _shared_hidden(body, group, tensors, held, padding_free=False):
@@ -135,7 +139,8 @@ def _shared_hidden(body, group, tensors, held, padding_free=False):
     `tensors`: the trimmed (prompt_ids, prompt_mask, completion_ids, completion_mask). `held` (a
     `SharedPromptGrad`, or None): a micro-batch that is one part of a larger group runs against
     the group's prompt encoded once, by its first micro-batch. `padding_free`: the completions
-    run packed into one row when that drops enough padding (core/padding_free.py)."""
+    run packed into one row when that drops enough padding (core/padding_free.py), with the
+    prompts inline in the same row and forward unless the prompt is held across micro-batches."""
     prompt_ids, prompt_mask, completion_ids, completion_mask = tensors
     prompt_len, width = prompt_ids.size(1), completion_ids.size(1)
     mask = torch.cat([prompt_mask, completion_mask], dim=1)  # (N, Lp + T)

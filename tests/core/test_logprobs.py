@@ -343,3 +343,16 @@ def test_tool_rollouts_share_the_prompt_in_the_training_forward_exactly(tiny_mod
     scale = plain_logps.abs().max()
     assert (shared_logps - plain_logps).abs().max() / scale < 1e-5
     _assert_grads_close(plain_grads, shared_grads, rel=1e-5)
+
+
+def test_head_dim_from_the_config_or_zero_where_it_does_not_say():
+    from types import SimpleNamespace
+
+    from grpo_plugin.core.logprobs import _head_dim
+
+    def body(**config):
+        return SimpleNamespace(config=SimpleNamespace(**config))
+
+    assert _head_dim(body(head_dim=64, hidden_size=576, num_attention_heads=9)) == 64
+    assert _head_dim(body(head_dim=None, hidden_size=576, num_attention_heads=9)) == 64
+    assert _head_dim(body(hidden_size=576)) == 0  # packing then rests on the padding it drops
