@@ -168,6 +168,7 @@ def _shared_hidden(body, group, tensors, held, padding_free=False):
             hidden = packed_hidden_with_prompts(body, layout, prompts, suffix_ids, suffix_positions)
             if hidden is not None:
                 return hidden
+            padding_free = False  # this body cannot run packed (remembered): no second try
     cache, expanded = None, False
     if shares_held:
         cache = held.cache_for(prompt_ids[:1, :-1], prompt_mask[:1, :-1], group, encode)

@@ -192,12 +192,12 @@ class PackedRows:
         leaves to it."""
         inline = self.prompt_tokens
 
-        def attend(q, k, v, mask):  # row layout -> (R, T, heads, d): `attend`, else SDPA
+        def in_rows(q, k, v, mask):  # row layout -> (R, T, heads, d): `attend`, else SDPA
             out = self.attend(q, k, v, mask, options)
             return out if out is not None else sdpa(module, q, k, v, mask, **options)[0]
 
         suffix = self.to_rows(query[:, :, inline:], key, value, options.get("sliding_window"))
-        out = self.from_rows(attend(*suffix))  # (1, M, heads, d)
+        out = self.from_rows(in_rows(*suffix))  # (1, M, heads, d)
         if not inline:
             return out
         rows = (self.rows // self.group, self.prompt_width)  # (P, L)
@@ -206,7 +206,7 @@ class PackedRows:
             return x[0, :, :inline].unflatten(1, rows).transpose(0, 1)
 
         parts = (prompt_rows(query), prompt_rows(key), prompt_rows(value))
-        prompts = attend(*parts, self.prompt_mask(query.dtype))  # (P, L, heads, d)
+        prompts = in_rows(*parts, self.prompt_mask(query.dtype))  # (P, L, heads, d)
         return torch.cat([prompts.flatten(0, 1)[None], out], 1)  # (1, P*L + M, heads, d)
 
 
@@ -231,6 +231,8 @@ def packed_suffix_hidden(body, prefix, layout: PackedRows, suffix_ids, positions
     prefix cache: one row per prompt, or expanded to the N rows); `(N, T, H)` hidden states
     (zeros at dropped slots), or None when this body cannot run packed (the caller pads).
     `suffix_ids`, `positions`: `(N, T)`."""
+    if body in _UNSUPPORTED:
+        return None
     flat = [tuple(_one_row_per_prompt(t, layout) for t in pair) for pair in prefix]
     packed = (layout.pack(suffix_ids), layout.pack(positions))  # (1, M) each
     cache = {cache_argument_name(body): dynamic_cache_of(flat), "use_cache": True}
@@ -245,6 +247,8 @@ def packed_hidden_with_prompts(body, layout: PackedRows, prompts, suffix_ids, po
     a prefix cache, but every layer's products, norms and MLP run once over P*L + M tokens
     instead of a prompt forward and a suffix forward. `prompts`: `(ids, positions)` `(P, L)`
     each; `suffix_ids`, `positions` `(N, T)`. `(N, T, H)` hidden states, or None (as above)."""
+    if body in _UNSUPPORTED:
+        return None
     ids = torch.cat([prompts[0].reshape(1, -1), layout.pack(suffix_ids)], 1)  # (1, P*L + M)
     where = torch.cat([prompts[1].reshape(1, -1), layout.pack(positions)], 1)
     layers = getattr(body.config, "num_hidden_layers", None)
@@ -255,8 +259,6 @@ def packed_hidden_with_prompts(body, layout: PackedRows, prompts, suffix_ids, po
 def _packed_body(body, layout: PackedRows, ids, positions, cache: dict, layers):
     """`(1, S, H)` last hidden states of the body over one packed row, or None when this body
     cannot run packed (remembered, with one warning)."""
-    if body in _UNSUPPORTED:
-        return None
     if not rows_attention_for_packed_tokens(body):
         kind = getattr(body.config, "_attn_implementation", None)
         _unsupported(body, f"the model attends with {kind!r}, not 'sdpa'")

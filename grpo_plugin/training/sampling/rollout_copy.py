@@ -6,8 +6,9 @@ plain transformers model with the LoRA adapter merged in (no adapter matmuls per
 
 - 'bf16': every weight in bfloat16; on an x86 CPU the linear weights (the LM head too, unless
   its tied table cannot be read from the policy instead) are kept in oneDNN's blocked layout
-  (`_compat.PackedBf16Linear`), packed at each refresh instead of reordered by torch on every call (a 16-row decode step of SmolLM2: 39.8 ms instead of 49.5;
-  not with `compile_decode`, whose compiler packs for itself);
+  (`_compat.PackedBf16Linear`), packed at each refresh instead of reordered by torch on every
+  call (a 16-row decode step of SmolLM2: 39.8 ms instead of 49.5; not with `compile_decode`,
+  whose compiler packs for itself);
 - 'fp16': the linear layers hold float16 weights and compute in float32 (fbgemm's packed fp16
   GEMM, CPU only), the rest in float32: half the bytes where bf16 is not native. (An int8 copy
   through torch's dynamic quantization was tried and dropped: it quantizes the activations too,
