@@ -20,10 +20,12 @@ from reward_fns.registry import (
     configure,
     format_registry,
     get,
+    in_process,
     is_async_reward,
     register,
     resolve,
     reward_name,
+    runs_in_process,
     unregister,
 )
 
@@ -37,9 +39,11 @@ __all__ = [
     "configure",
     "format_registry",
     "get",
+    "in_process",
     "is_async_reward",
     "register",
     "resolve",
     "reward_name",
+    "runs_in_process",
     "unregister",
 ]

@@ -20,7 +20,7 @@ import re
 from fractions import Fraction
 from typing import Any
 
-from reward_fns.registry import column, completion_text, register
+from reward_fns.registry import column, completion_text, in_process, register
 
 _CALCULATOR = re.compile(r"<<[^<>]*>>")  # GSM8K calculator annotations: <<3*4=12>>
 _LATEX_FRAC = re.compile(r"\\[dt]?frac\s*\{\s*(-?[\d.,]+)\s*\}\s*\{\s*(-?[\d.,]+)\s*\}")
@@ -74,17 +74,25 @@ def find_numbers(text: str) -> list[Fraction]:
     return found
 
 
+def _matching_braces(text: str) -> dict[int, int]:
+    """`{index of "{": index of its "}"}` for every closed brace, in one pass (a scan per
+    ``\\boxed{`` would take quadratic time on a text of many unclosed ones)."""
+    pairs, opened = {}, []
+    for i, char in enumerate(text):
+        if char == "{":
+            opened.append(i)
+        elif char == "}" and opened:
+            pairs[opened.pop()] = i
+    return pairs
+
+
 def _boxed_contents(text: str) -> list[str]:
     """Contents of every ``\\boxed{...}`` / ``\\fbox{...}``, with nested braces."""
-    out = []
-    for match in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
-        depth, i = 1, match.end()
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:
-            out.append(text[match.end() : i - 1])
-    return out
+    matches = list(re.finditer(r"\\(?:boxed|fbox)\s*\{", text))
+    if not matches:
+        return []
+    pairs = _matching_braces(text)
+    return [text[m.end() : pairs[m.end() - 1]] for m in matches if m.end() - 1 in pairs]
 
 
 def _first_line(span: str) -> str:
@@ -141,6 +149,7 @@ def _score(golds: list[Any], preds: list[Fraction | None], parse: Any) -> list[f
 
 
 @register("exact_integer")
+@in_process
 def exact_integer(
     prompts: Any = None,
     completions: Any = None,
@@ -157,6 +166,7 @@ def exact_integer(
 
 
 @register("last_integer")
+@in_process
 def last_integer(
     prompts: Any = None,
     completions: Any = None,
@@ -177,6 +187,7 @@ def last_integer(
 
 
 @register("gsm8k")
+@in_process
 def gsm8k(
     prompts: Any = None,
     completions: Any = None,

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from reward_fns.registry import column, completion_text, register
+from reward_fns.registry import column, completion_text, in_process, register
 from reward_fns.sandbox import SandboxLimits, prepare, run_python
 
 _FENCE = re.compile(r"```[^\n`]*\n(.*?)```", re.DOTALL)
@@ -119,6 +119,7 @@ def score_code(jobs: list[tuple[str, Any]], box: _Sandbox, workers: int) -> list
 
 
 @register("code_tests")
+@in_process
 def code_tests(
     prompts: Any = None,
     completions: Any = None,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from reward_fns.registry import completion_text, register
+from reward_fns.registry import completion_text, in_process, register
 
 
 def _format_pattern(think_tag: str, answer_tag: str) -> re.Pattern[str]:
@@ -35,6 +35,7 @@ def _format_pattern(think_tag: str, answer_tag: str) -> re.Pattern[str]:
 
 
 @register("think_format")
+@in_process
 def think_format(
     prompts: Any = None,
     completions: Any = None,
@@ -51,7 +52,13 @@ def think_format(
     ]
     scores: list[float | None] = []
     for completion in completions:
-        match = pattern.fullmatch(completion_text(completion))
+        text = completion_text(completion)
+        # Each tag exactly once (what the checks below demand of a match) before the regex runs:
+        # its lazy groups take quadratic time on a text of many closing tags.
+        if any(text.count(tag) != 1 for tag in tags):
+            scores.append(0.0)
+            continue
+        match = pattern.fullmatch(text)
         ok = (
             match is not None
             and all(match.group(g).strip() for g in ("think", "answer"))
@@ -72,6 +79,7 @@ def soft_overlong_penalty(length: int, max_completion_length: int, cache_length:
 
 
 @register("soft_overlong")
+@in_process
 def soft_overlong(
     prompts: Any = None,
     completions: Any = None,

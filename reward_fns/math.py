@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from reward_fns.registry import column, completion_text, register
+from reward_fns.registry import column, completion_text, in_process, register
 
 logger = logging.getLogger(__name__)
 
@@ -157,6 +157,7 @@ def verify_answer(gold: str, pred: str, timeout: float = 5.0) -> float | None:
 
 
 @register("math")
+@in_process
 def math(
     prompts: Any = None,
     completions: Any = None,

@@ -227,6 +227,23 @@ def format_registry() -> str:
     return "\n".join(lines)
 
 
+def in_process(fn: RewardFn) -> RewardFn:
+    """Mark ``fn`` as safe to call inside the trainer's own process, where no time limit can stop
+    a call stuck in C code. Only for rewards that always return promptly (no regular expression
+    that can backtrack without bound, no network or disk wait without a timeout) or that bound
+    themselves (their own killable process), and for rewards that must share the trainer's memory
+    (a model on its GPU). Unmarked rewards run in a worker process that a time limit can kill."""
+    fn.runs_in_process = True  # type: ignore[attr-defined]
+    return fn
+
+
+def runs_in_process(fn: RewardFn) -> bool:
+    """Whether ``fn`` (or the function a partial wraps) was marked with :func:`in_process`."""
+    while isinstance(fn, functools.partial) and not hasattr(fn, "runs_in_process"):
+        fn = fn.func
+    return bool(getattr(fn, "runs_in_process", False))
+
+
 def is_async_reward(fn: RewardFn) -> bool:
     """True for ``async def`` rewards (partials and async ``__call__`` included)."""
     if inspect.iscoroutinefunction(fn):

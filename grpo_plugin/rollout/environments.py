@@ -67,7 +67,8 @@ class Environments:
             key = (type(environment), name)
             if key not in self._schemas:
                 self._schemas[key] = Tool.of(method).schema
-            tools.append(Tool(name=name, fn=method, schema=self._schemas[key]))
+            # in the trainer's process: the instance's state is the trainer's (see tools.py)
+            tools.append(Tool(name, method, self._schemas[key], in_process=True))
         return tools
 
     def names(self, rows: list[dict[str, Any]]) -> list[Any]:
@@ -124,6 +125,7 @@ def _environment_reward(env_type: type) -> Callable[..., list[float | None]]:
 
     reward.__name__ = env_type.__name__
     reward.__qualname__ = env_type.__name__
+    reward.runs_in_process = True  # the environments live in the trainer's process
     return reward
 
 

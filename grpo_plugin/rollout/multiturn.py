@@ -55,6 +55,7 @@ class ToolSetup:
     timeout: float = DEFAULT_TOOL_TIMEOUT_S  # seconds for one round of calls
     max_result_chars: int = DEFAULT_MAX_TOOL_RESULT_CHARS  # a tool result longer than this is cut
     template_kwargs: dict[str, Any] | None = None  # chat_template_kwargs, for the tool messages
+    isolate: bool = True  # the user's tools in the worker process (`isolate_user_code`)
 
     def start(self, rows: list[dict[str, Any]]) -> tuple[list[Any], list[dict], list[Any] | None]:
         """`(prompts, tool boxes, environments)` of N rollouts: each gets its own environment
@@ -141,6 +142,7 @@ class _Loop:
             [self.boxes[r] for _, r, _, _ in going],
             timeout=self.setup.timeout,
             max_chars=self.setup.max_result_chars,
+            isolate=self.setup.isolate,
         )
         blocks = []
         for (a, r, missing, calls), done in zip(going, results):

@@ -4,15 +4,22 @@
   with a Google-style docstring. Its JSON schema is transformers' `get_json_schema`, what
   `apply_chat_template(tools=...)` renders; it is built once, so a function without type hints
   or docstring fails when the trainer is built, not in the middle of a run.
-- `run_calls`: every call of every row at once, each in its own daemon thread (an `async def`
-  tool on its own event loop, cancelled at the timeout), with `timeout` seconds for all. A call
-  that raises, times out, names an unknown tool, gets arguments its signature does not accept, or
-  could not be parsed returns an `Error: ...` message to the model and is counted as failed; it
-  never stops the run. Results are text (JSON for non-strings), cut to `max_chars`.
+- `run_calls`: every call of every row at once, each in its own thread (an `async def` tool on
+  its own event loop, cancelled at the timeout), with `timeout` seconds for all. A call that
+  raises (`SystemExit` too), times out, names an unknown tool, gets arguments its signature does
+  not accept, or could not be parsed returns an `Error: ...` message to the model and is counted
+  as failed; it never stops the run. Results are text (JSON for non-strings), cut to `max_chars`.
 
-A sync tool that ignores its timeout keeps running in its (daemon) thread: Python cannot stop a
-thread, so the run goes on without its result and the thread dies with the process. The built-in
-`python` tool runs code in a separate, killed-at-timeout sandbox process instead.
+Where the calls run: the user's tools in the worker process of `isolation.py` (`isolate=True`,
+`GRPOConfig.isolate_user_code`), so a call still running at the timeout is stopped whatever it
+is doing, in C code too: the worker is killed, the round's unfinished calls time out, and the
+next round forks a new worker. A tool that ends the worker (`os._exit`, a crash) fails its call
+the same way. Tools marked `in_process` run here: an environment's methods (the environment's
+state is the trainer's: TRL's `trainer.environments`, `get_reward`) and the built-in `python`
+tool (it runs code in a killed-at-timeout sandbox process of its own). A call here that ignores
+its timeout keeps running in its daemon thread (Python cannot stop a thread) while the run goes on
+without its result; one that holds the interpreter lock in C code ends the process
+`HARD_STOP_GRACE_S` after the timeout (`isolation.in_process_limit`).
 """
 
 from __future__ import annotations
@@ -20,13 +27,17 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import isolation
 from .types import ToolCall, ToolResult
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -36,6 +47,7 @@ class Tool:
     name: str
     fn: Callable[..., Any]
     schema: dict[str, Any]
+    in_process: bool = False  # runs in the trainer's process, never in the worker (see above)
 
     @classmethod
     def of(cls, fn: Callable[..., Any]) -> Tool:
@@ -50,7 +62,8 @@ class Tool:
                 f"tool {name!r} cannot be described to the model: {err}. A tool needs type hints "
                 "on every argument and a Google-style docstring with an Args: section."
             ) from err
-        return cls(name=name, fn=fn, schema=schema)
+        in_process = bool(getattr(fn, "runs_in_process", False))
+        return cls(name=name, fn=fn, schema=schema, in_process=in_process)
 
     @property
     def is_async(self) -> bool:
@@ -107,43 +120,109 @@ def _prepare(call: ToolCall, box: dict[str, Tool]) -> Tool | str:
     return _bad_arguments(box[call.name], call.arguments) or box[call.name]
 
 
+Outcome = tuple[bool, Any]  # (succeeded, value) or (failed, the error the model reads)
+Job = tuple[tuple[int, int], Tool, dict[str, Any]]  # ((row, call), tool, arguments)
+
+
+def _call(tool: Tool, arguments: dict[str, Any], timeout: float) -> Outcome:
+    try:
+        return True, _invoke(tool, arguments, timeout)
+    except asyncio.TimeoutError:
+        return False, f"{tool.name} timed out after {timeout:g} s"
+    except BaseException as err:  # the model is told; the run goes on (SystemExit included)
+        return False, f"{tool.name} raised {type(err).__name__}: {err}"
+
+
+def _start(jobs: list[Job], timeout: float, max_chars: int, done: Callable) -> list:
+    """A daemon thread per job; each calls `done(key, outcome)` (a result as text) as it ends."""
+    threads = []
+    for key, tool, arguments in jobs:
+
+        def work(key=key, tool=tool, arguments=arguments) -> None:
+            ok, value = _call(tool, arguments, timeout)
+            done(key, (ok, as_text(value, max_chars) if ok else value))
+
+        thread = threading.Thread(target=work, daemon=True, name=f"tool-{tool.name}")
+        thread.start()
+        threads.append((key, tool.name, thread))
+    return threads
+
+
+def _join(threads: list, deadline: float, timeout: float) -> dict:
+    """The calls still running at `deadline`, failed (whatever they return later is ignored)."""
+    late = {}
+    for key, name, thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            late[key] = (False, f"{name} timed out after {timeout:g} s")
+    return late
+
+
+def _worker_round(targets: tuple, payload: tuple, emit: Callable) -> None:
+    """In the worker: every call at once, each outcome sent back as it ends."""
+    calls, timeout, max_chars = payload
+    jobs = [(key, targets[t], arguments) for key, t, arguments in calls]
+    for _, _, thread in _start(jobs, timeout, max_chars, lambda *outcome: emit(outcome)):
+        thread.join()
+
+
+def _in_worker(jobs: list[Job], timeout: float, max_chars: int) -> dict:
+    """The outcomes of `jobs`, run in the worker; a call unfinished at the timeout (the worker
+    then killed) or when the worker ended by itself fails with the reason."""
+    tools = list({id(tool): tool for _, tool, _ in jobs}.values())
+    index = {id(tool): t for t, tool in enumerate(tools)}
+    calls = [(key, index[id(tool)], arguments) for key, tool, arguments in jobs]
+    worker = isolation.shared_worker()
+    reply = worker.run(_worker_round, tuple(tools), (calls, timeout, max_chars), timeout)
+    outcomes = dict(reply.parts)
+    for key, tool, _ in jobs:
+        if key in outcomes:
+            continue
+        if reply.timed_out:
+            outcomes[key] = (False, f"{tool.name} timed out after {timeout:g} s")
+        elif reply.lost is not None:
+            outcomes[key] = (False, f"{tool.name} ended its worker process ({reply.lost})")
+        else:
+            why = f"{type(reply.error).__name__}: {reply.error}"
+            outcomes[key] = (False, f"{tool.name} could not run in the worker process ({why})")
+    if reply.timed_out or reply.lost or reply.error:
+        late = sorted({t.name for k, t, _ in jobs if not outcomes[k][0]})
+        what = "ran past tool_timeout" if reply.timed_out else "ended the worker process"
+        logger.warning("tool call(s) of %s %s; a new worker serves the next round", late, what)
+    return outcomes
+
+
 def run_calls(
     calls: Sequence[Sequence[ToolCall]],
     boxes: Sequence[dict[str, Tool]],
     *,
     timeout: float,
     max_chars: int,
+    isolate: bool = True,
 ) -> list[list[ToolResult]]:
-    """Run `calls[r]` with the tools of `boxes[r]` for every row r at once; the results in order."""
+    """Run `calls[r]` with the tools of `boxes[r]` for every row r at once; the results in order.
+    With `isolate`, tools not marked `in_process` run in the worker process."""
     jobs = [(r, i, call) for r, row in enumerate(calls) for i, call in enumerate(row)]
-    outcomes: dict[tuple[int, int], tuple[bool, Any]] = {}
-    threads = []
+    outcomes: dict[tuple[int, int], Outcome] = {}
+    here: list[Job] = []
+    there: list[Job] = []
     for r, i, call in jobs:
         target = _prepare(call, boxes[r])
         if isinstance(target, str):
             outcomes[r, i] = (False, target)
             continue
-
-        def work(key=(r, i), tool=target, arguments=call.arguments) -> None:
-            try:
-                outcomes[key] = (True, _invoke(tool, arguments, timeout))
-            except asyncio.TimeoutError:
-                outcomes[key] = (False, f"{tool.name} timed out after {timeout:g} s")
-            except Exception as err:  # the model is told; the run goes on
-                outcomes[key] = (False, f"{tool.name} raised {type(err).__name__}: {err}")
-
-        thread = threading.Thread(target=work, daemon=True, name=f"tool-{target.name}")
-        thread.start()
-        threads.append((r, i, target.name, thread))
+        isolated = isolate and isolation.supported() and not target.in_process
+        (there if isolated else here).append(((r, i), target, call.arguments))
     deadline = time.monotonic() + timeout
-    late = {}
-    for r, i, name, thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-        if thread.is_alive():  # still running: whatever it returns later is ignored
-            late[r, i] = (False, f"{name} timed out after {timeout:g} s")
+    with isolation.in_process_limit(timeout if here else None):
+        threads = _start(here, timeout, max_chars, outcomes.__setitem__)
+        if there:
+            outcomes.update(_in_worker(there, timeout, max_chars))
+        late = _join(threads, deadline, timeout)
+    final = {**outcomes, **late}  # a late thread's answer, if it comes, is not read
     results: list[list[ToolResult]] = [[] for _ in calls]
     for r, i, call in jobs:
-        ok, value = late.get((r, i)) or outcomes[r, i]
-        content = as_text(value, max_chars) if ok else f"Error: {value}"
+        ok, value = final[r, i]
+        content = value if ok else f"Error: {value}"
         results[r].append(ToolResult(name=call.name or "tool", content=content, failed=not ok))
     return results

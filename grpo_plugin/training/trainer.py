@@ -60,7 +60,7 @@ from .run import lock as run_lock
 from .run.state import RunState, mid_rollout
 from .sampling import streaming
 from .sampling.rollouts import RolloutSampler
-from .sampling.tools import ToolInputs
+from .sampling.tools import ToolInputs, fork_user_code_worker
 from .trl_attributes import TRLAttributes
 
 
@@ -106,6 +106,7 @@ class GRPOTrainer(TRLAttributes, Trainer):
             reward_funcs, reward_processing_classes, args, init_kwargs, context, extra
         )
         self.rewards = r  # TRL's reward_funcs, reward_weights, ... read it (trl_attributes.py)
+        fork_user_code_worker(r, tool_inputs, args)  # the user's code's process, before the model
         self.eval_metrics = resolve_eval_metrics(eval_metrics)
         eval_sets = eval_set_names(eval_dataset)
         check_eval_setup(args, eval_sets, self.reward_names, self.eval_metrics is not None)
@@ -149,9 +150,8 @@ class GRPOTrainer(TRLAttributes, Trainer):
         self._seen_step, self._micro, self._rollout_key = -1, 0, RolloutKey(args.seed, 0)
         self.resume_plan = resume.ResumePlan()  # what train()'s resume checks found (resume.py)
         self._staging_dir: str | None = None  # where a checkpoint is being written (lifecycle.py)
-        self._share_group = shared_group_size(
-            args.num_generations, args.per_device_train_batch_size
-        )
+        G, B = args.num_generations, args.per_device_train_batch_size
+        self._share_group = shared_group_size(G, B)
         self._held_prompt = SharedPromptGrad(args.num_generations)  # a group over micro-batches
 
     def _add_trl_features(self, args: GRPOConfig) -> None:

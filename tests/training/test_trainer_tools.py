@@ -10,6 +10,7 @@ import torch
 from conftest import CrashAt, tiny_config
 from scripted_policy import after_tool, call, last_turn, multiply, multiply_script, scripted_llama
 
+import reward_fns
 from grpo_plugin import GRPOConfig, GRPOTrainer
 
 DATA = [
@@ -264,6 +265,7 @@ def test_rollout_func_with_an_env_mask(tiny_tokenizer, tmp_path):
 
     seen = {}
 
+    @reward_fns.in_process  # it records into this process's memory
     def reward(completions, turns_used, **kwargs):
         seen["turns_used"] = turns_used
         return [float(i % 2) for i in range(len(completions))]

@@ -430,6 +430,17 @@ class GRPOConfig(TrainingArguments):
         "function and the sample.",
         False,
     )
+    isolate_user_code: bool = _help(
+        "Run the reward functions and tools you wrote in a worker process forked from the "
+        "trainer's, so that reward_timeout and tool_timeout stop any call, one stuck in C code "
+        "too (the worker is killed and replaced), and a function that exits is an error naming "
+        "it. Such code does not share the trainer's memory: changes it makes to objects stay in "
+        "the worker, and it sees the trainer's process as it was at the fork. Reward models, the "
+        "built-in rewards, `reward_fns.in_process` rewards and environments always run in the "
+        "trainer's process. Off: everything runs in the trainer's process, where a call stuck "
+        "in C code ends the run 30 s after its limit.",
+        True,
+    )
 
     # === 7. ours: memory autopilot, prefix sharing, overlap scoring ===============================
     auto_find_batch_size: bool = _help(

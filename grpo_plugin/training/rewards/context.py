@@ -12,12 +12,13 @@ columns logged while evaluating have no table and are dropped).
 
 TRL passes the three to every function, so its reward functions must take `**kwargs`. Here a
 function receives only the ones it declares (by name, or all of them through `**kwargs`), so a
-function written without them keeps working.
+function written without them keeps working. A function in the worker process (`calls.py`) gets
+the trainer's state at the call, and logs into a context of its own there, which is sent back
+with its answer and `absorb`ed here.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 from collections import defaultdict
@@ -25,8 +26,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-
-from reward_fns import is_async_reward
 
 from ..._logging import warn_once
 from ...rollout.types import Rollout
@@ -50,9 +49,14 @@ class RewardContext:
         """The context of a `GRPOTrainer` (its live `state`)."""
         return cls(lambda: trainer.state)
 
-    def wrap(self, funcs: list[Callable], keep: Callable[[Callable], bool]) -> list[Callable]:
-        """Every function of `funcs` receiving the trainer kwargs it declares (`keep(f)`: as is)."""
-        return [f if keep(f) else with_trainer_kwargs(f, self) for f in funcs]
+    def state(self) -> Any:
+        """The trainer's state now."""
+        return self._get_state()
+
+    def trainer_kwargs(self, fn: Callable) -> dict[str, Any]:
+        """The trainer kwargs `fn` declares, with their values now."""
+        wanted = declared_trainer_kwargs(fn)
+        return {k: v for k, v in self.kwargs().items() if k in wanted} if wanted else {}
 
     def log_extra(self, column: str, values: list[Any]) -> None:
         """Add `values` (one per completion) to the completions table's `column`."""
@@ -79,6 +83,18 @@ class RewardContext:
         values, self.metrics = dict(self.metrics), defaultdict(list)
         return values
 
+    def pop_raw(self) -> tuple[dict[str, list[Any]], dict[str, list[float]]]:
+        """What was logged since the last call, as logged: `(extra columns, metric values)`
+        (what a worker process sends back with a reward's answer)."""
+        return self.pop_extra_columns(), self.pop_metric_values()
+
+    def absorb(self, columns: dict[str, list[Any]], metrics: dict[str, list[float]]) -> None:
+        """Take in what a reward logged elsewhere (`pop_raw` of the worker's context)."""
+        for name, values in columns.items():
+            self.extra_columns[name].extend(values)
+        for name, values in metrics.items():
+            self.metrics[name].extend(values)
+
     def pop_logged(self) -> tuple[dict[str, list[Any]], dict[str, float]]:
         """What the rewards logged since the last call: `(extra columns, metric means)`."""
         means = {k: sum(v) / len(v) for k, v in self.pop_metric_values().items() if v}
@@ -95,30 +111,6 @@ def declared_trainer_kwargs(fn: Callable) -> tuple[str, ...]:
         return TRAINER_KWARGS
     names = {p.name for p in params}
     return tuple(k for k in TRAINER_KWARGS if k in names)
-
-
-def with_trainer_kwargs(fn: Callable, context: RewardContext) -> Callable:
-    """`fn` receiving the trainer kwargs it declares (`fn` itself when it declares none)."""
-    wanted = declared_trainer_kwargs(fn)
-    if not wanted:
-        return fn
-
-    def extra() -> dict[str, Any]:
-        return {k: v for k, v in context.kwargs().items() if k in wanted}
-
-    if is_async_reward(fn):
-
-        @functools.wraps(fn)
-        async def async_wrapper(**kwargs: Any) -> Any:
-            return await fn(**kwargs, **extra())
-
-        return async_wrapper
-
-    @functools.wraps(fn)
-    def wrapper(**kwargs: Any) -> Any:
-        return fn(**kwargs, **extra())
-
-    return wrapper
 
 
 def aligned_extra_columns(columns: dict[str, list[Any]], rows: int) -> dict[str, list[Any]]:

@@ -39,6 +39,8 @@ class RewardModelError(ValueError):
 class RewardModel:
     """A sequence-classification model as a TRL-style reward function (one float per completion)."""
 
+    runs_in_process = True  # our forward, on the trainer's device: never in the worker process
+
     def __init__(self, model: torch.nn.Module, tokenizer: Any, source: str | None = None):
         self.model, self.tokenizer = model, tokenizer
         self.source = source or getattr(model.config, "_name_or_path", "") or type(model).__name__

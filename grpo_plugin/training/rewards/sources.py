@@ -26,7 +26,7 @@ from .scoring import RewardChecks, RewardScorer
 class RewardSources:
     """Every reward of a run, in `reward_funcs` order."""
 
-    funcs: list[Callable]  # as called: functions wrapped to receive the trainer kwargs
+    funcs: list[Callable]  # as given (reward models loaded); trainer kwargs added at each call
     names: list[str]  # `rewards/<name>/mean`: a function's name, a reward model's model name
     weights: torch.Tensor  # (F,)
     processing_classes: list[Any]  # each reward model's tokenizer, None for a function
@@ -50,10 +50,9 @@ class RewardSources:
         funcs = resolve_reward_funcs(reward_funcs, processing_classes, init_kwargs) if given else []
         weights = reward_weight_tensor(args.reward_weights, len(funcs)) if funcs else torch.ones(0)
         funcs += list(extra)
-        wrapped = context.wrap(funcs, keep=is_reward_model)
         return cls(
-            funcs=wrapped,
-            names=[reward_fns.reward_name(f) for f in wrapped],
+            funcs=funcs,
+            names=[reward_fns.reward_name(f) for f in funcs],
             weights=torch.cat([weights, torch.ones(len(extra))]),
             processing_classes=[getattr(f, "tokenizer", None) for f in funcs],
             context=context,
@@ -62,8 +61,8 @@ class RewardSources:
 
     @property
     def scorer(self) -> RewardScorer:
-        """The run's scorer: every function, the weights, the run's checks."""
-        return RewardScorer(tuple(self.funcs), self.weights, self.checks)
+        """The run's scorer: every function, the weights, the run's checks and trainer kwargs."""
+        return RewardScorer(tuple(self.funcs), self.weights, self.checks, self.context)
 
     def place(self, device: torch.device | str, chat_template_kwargs: dict | None) -> None:
         """Reward models onto the policy's device, rendering chats as the policy's prompts are."""

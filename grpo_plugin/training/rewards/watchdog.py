@@ -1,13 +1,13 @@
-"""A time limit for a call that must run in the main thread: reward functions.
+"""A time limit for a reward call in the trainer's own process, in the main thread.
 
-Rewards are called from the main thread because some need it (math-verify's default timeouts use
-`signal.alarm`, which only works there), so a hung reward cannot simply be abandoned in a worker
-thread. Instead a timer thread sends `SIGNAL` to the main thread when the limit passes; its
-handler raises `CallTimeout` in the call (a `BaseException`, so a reward's own `except Exception`
-cannot swallow it). A blocking sleep, socket read or pure-Python loop is interrupted that way. A
-call stuck inside C code that never returns to the interpreter cannot be: after a further
-`HARD_STOP_GRACE_S` the process is stopped with exit code 124 and a message naming the call,
-rather than hanging forever (the last checkpoint is intact).
+Rewards that run here (reward models, the bounded built-ins, `reward_fns.in_process` ones:
+`calls.py`) are called from the main thread, where math-verify's `signal.alarm` timeouts work.
+A timer thread sends `SIGNAL` to the main thread when the limit passes; its handler raises
+`CallTimeout` in the call (a `BaseException`, so a reward's own `except Exception` cannot
+swallow it). A blocking sleep, socket read or pure-Python loop is interrupted that way. A call
+stuck inside C code is not: the timer thread needs the interpreter lock that the call holds.
+That case is left to `isolation.in_process_limit` (a C timer ends the process), and the user's
+own rewards run in a worker process, where a time limit kills the worker instead.
 
 `SIGNAL` is SIGUSR2 (alarm-based timeouts such as math-verify's use SIGALRM, and share its timer,
 so they keep working inside a limited call). Off the main thread, no limit is applied.
@@ -15,34 +15,16 @@ so they keep working inside a limited call). Off the main thread, no limit is ap
 
 from __future__ import annotations
 
-import logging
-import os
 import signal
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-logger = logging.getLogger(__name__)
-
 SIGNAL = signal.SIGUSR2
-HARD_STOP_GRACE_S = 30.0
-HARD_STOP_EXIT_CODE = 124
 
 
 class CallTimeout(BaseException):
     """The limited call ran past its time limit."""
-
-
-def _hard_stop(what: str, seconds: float) -> None:
-    message = (
-        f"{what} did not return within {seconds:g} s and could not be interrupted (it is stuck "
-        f"outside Python); stopping the process. Make it return, or raise reward_timeout."
-    )
-    logger.critical(message)
-    sys.stderr.write(f"error: {message}\n")
-    sys.stderr.flush()
-    os._exit(HARD_STOP_EXIT_CODE)
 
 
 @contextmanager
@@ -63,25 +45,16 @@ def time_limit(seconds: float | None, what: str) -> Iterator[None]:
         if running[0]:
             signal.pthread_kill(main.ident, SIGNAL)
 
-    def hard_stop() -> None:
-        if running[0] is not None:  # None: the block has ended
-            _hard_stop(what, seconds)
-
     previous = signal.signal(SIGNAL, on_signal)
-    timers = [
-        threading.Timer(seconds, interrupt),
-        threading.Timer(seconds + HARD_STOP_GRACE_S, hard_stop),
-    ]
-    for timer in timers:
-        timer.daemon = True
-        timer.start()
+    timer = threading.Timer(seconds, interrupt)
+    timer.daemon = True
+    timer.start()
     try:
         yield
     finally:
         try:
             running[0] = None
         finally:
-            for timer in timers:
-                timer.cancel()
-            timers[0].join()
+            timer.cancel()
+            timer.join()
             signal.signal(SIGNAL, previous)

@@ -47,7 +47,7 @@ FREE = frozenset(
     log_completions num_completions_to_print log_unique_prompts log_multimodal
     log_completions_hub_repo skip_memory_metrics dataloader_num_workers dataloader_pin_memory
     dataloader_persistent_workers dataloader_prefetch_factor dataloader_multiprocessing_context
-    ddp_timeout torch_empty_cache_steps reward_timeout reward_hacking_window
+    ddp_timeout torch_empty_cache_steps reward_timeout isolate_user_code reward_hacking_window
     reward_hacking_threshold zero_std_patience restore_callback_states_from_checkpoint
     enable_jit_checkpoint local_rank debug auto_batch_memory_gb""".split()
 )

@@ -42,6 +42,7 @@ def make_python_tool(
             output += f"\nError (exit code {run.returncode}):\n{tail}"
         return output.strip() or "(the program printed nothing)"
 
+    python.runs_in_process = True  # its own sandbox process, killed at its timeout
     return python
 
 

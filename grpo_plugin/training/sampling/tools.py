@@ -12,18 +12,25 @@ the memory autopilot cannot plan for: `autopilot.check_inputs`, called by the tr
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from reward_fns import reward_name
+
+from ...rollout import isolation
 from ...rollout.chat_tools import resolve_tool_format
 from ...rollout.environments import EMPTY_PROMPT, Environments
 from ...rollout.multiturn import ToolSetup
 from ...rollout.tools import Tool, toolbox
+from ..rewards.calls import worker_targets
 from ..user_code import load_callable
 from . import overlap
 from .streaming import stream_columns
+
+logger = logging.getLogger(__name__)
 
 
 def builtin_tools() -> dict[str, Callable[..., Any]]:
@@ -164,6 +171,10 @@ class ToolInputs:
 
         return Dataset.from_dict({"prompt": [list(EMPTY_PROMPT)] * args.prompts_per_generation})
 
+    def worker_tools(self, isolate: bool) -> list[Tool]:
+        """The tools that run in the worker process (for `isolation.prepare`)."""
+        return [t for t in self.tools if isolate and not t.in_process]
+
     @property
     def uses_tools(self) -> bool:
         return bool(self.tools) or self.environments is not None
@@ -185,4 +196,22 @@ class ToolInputs:
             timeout=args.tool_timeout,
             max_result_chars=args.max_tool_result_length,
             template_kwargs=getattr(args, "chat_template_kwargs", None),
+            isolate=args.isolate_user_code,
+        )
+
+
+def fork_user_code_worker(rewards: Any, tools: ToolInputs, args: Any) -> None:
+    """Fork the worker process for the run's rewards (`RewardSources`) and tools now
+    (`rollout/isolation.py`): the trainer calls it before the model loads, so the fork holds
+    little memory."""
+    # with environments, every reward reads them here (`calls.in_worker`)
+    targets = [] if tools.environments else worker_targets(rewards.funcs, rewards.checks)
+    targets += tools.worker_tools(args.isolate_user_code)
+    if targets and isolation.supported():
+        isolation.shared_worker().prepare(targets)
+        names = ", ".join(getattr(t, "name", None) or reward_name(t) for t in targets)
+        logger.info(
+            "%s run in a worker process (isolate_user_code): a time limit stops them, and they "
+            "keep their own memory (docs/rewards.md, 'Where your code runs').",
+            names,
         )

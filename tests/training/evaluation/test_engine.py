@@ -8,6 +8,7 @@ import pytest
 import torch
 from datasets import Dataset
 
+import reward_fns
 from grpo_plugin.training.evaluation.engine import evaluate, pass_at_k
 
 
@@ -50,6 +51,8 @@ def _chat_dataset(n=3):
 
 class RecordingReward:
     """Rewards 1.0 for the prompts whose answer is in `good`, None for those in `none`."""
+
+    runs_in_process = True  # it records its calls into this process's memory
 
     def __init__(self, good=(), none=()):
         self.good, self.none, self.calls = set(good), set(none), []
@@ -103,6 +106,7 @@ def test_evaluate_string_prompts_get_string_completions(tiny_model, tiny_tokeniz
     dataset = Dataset.from_dict({"prompt": ["1+1=", "2+2="], "answer": ["2", "4"]})
     seen = []
 
+    @reward_fns.in_process  # it records into this process's memory
     def reward(prompts, completions, completion_ids, answer, **kw):
         seen.extend(completions)
         return [1.0, 0.0]
@@ -115,6 +119,7 @@ def test_evaluate_string_prompts_get_string_completions(tiny_model, tiny_tokeniz
 def test_sampling_is_seeded_and_leaves_global_rng_alone(tiny_model, tiny_tokenizer):
     sampled_ids = []
 
+    @reward_fns.in_process  # it records into this process's memory
     def reward(prompts, completions, completion_ids, **kw):
         sampled_ids.append(completion_ids)
         return [0.0] * len(completion_ids)
@@ -139,6 +144,7 @@ def test_greedy_completions_match_hf_generate(tiny_model, tiny_tokenizer):
     dataset = Dataset.from_dict({"prompt": ["a", "abc+1="], "answer": ["x", "y"]})
     seen = []
 
+    @reward_fns.in_process  # it records into this process's memory
     def reward(prompts, completions, completion_ids, **kw):
         seen.extend(completion_ids)
         return [0.0] * len(completions)
@@ -167,6 +173,7 @@ def test_samples_do_not_depend_on_the_batch_size(tiny_model, tiny_tokenizer):
     """pass@k samples are keyed on (seed, prompt index): batching (or sharding) changes nothing."""
     calls = {}
 
+    @reward_fns.in_process  # it records into this process's memory
     def reward(prompts, completions, completion_ids, **kw):
         calls.setdefault(run_batch, []).append(completion_ids)
         return [0.0] * len(completion_ids)

@@ -3,17 +3,12 @@ that do not declare them keep working; all-None rewards are warned about."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import pyarrow.parquet as pq
 from conftest import SEVEN_DATA, frac_sevens, make_trainer
 
-from grpo_plugin.training.rewards.context import (
-    RewardContext,
-    declared_trainer_kwargs,
-    with_trainer_kwargs,
-)
+from grpo_plugin.training.rewards.context import RewardContext, declared_trainer_kwargs
 
 
 def test_only_declared_trainer_kwargs_are_passed():
@@ -25,32 +20,34 @@ def test_only_declared_trainer_kwargs_are_passed():
     assert declared_trainer_kwargs(plain) == ()
     assert declared_trainer_kwargs(variadic) == ("trainer_state", "log_extra", "log_metric")
 
-    def only_state(prompts, completions, trainer_state):
-        return [trainer_state] * len(completions)
+    def only_state(prompts, completions, trainer_state): ...
 
     context = RewardContext(lambda: "STATE")
-    wrapped = with_trainer_kwargs(only_state, context)
-    assert wrapped(prompts=["p"], completions=["c"]) == ["STATE"]
-    assert wrapped.__name__ == "only_state"
-    assert with_trainer_kwargs(plain, context) is plain
+    assert context.trainer_kwargs(only_state) == {"trainer_state": "STATE"}
+    assert context.trainer_kwargs(plain) == {}
+    assert set(context.trainer_kwargs(variadic)) == {"trainer_state", "log_extra", "log_metric"}
 
-    async def async_reward(prompts, completions, log_metric):
-        log_metric("seen", 2.0)
-        return [1.0]
-
-    context = RewardContext(lambda: None)
-    wrapped = with_trainer_kwargs(async_reward, context)
-    assert asyncio.run(wrapped(prompts=["p"], completions=["c"])) == [1.0]
+    context.log_metric("seen", 2.0)
     context.log_metric("seen", 4.0)
     assert context.pop_logged() == ({}, {"seen": 3.0})  # the mean of what was logged
     assert context.pop_metric_values() == {}  # then forgotten
 
 
-def test_rewards_see_the_state_log_columns_and_metrics(tiny_tokenizer, tmp_path):
-    steps = []
+def test_what_a_worker_logged_is_absorbed_as_if_logged_here():
+    worker_side = RewardContext(lambda: None)
+    worker_side.log_extra("length", [3, 4])
+    worker_side.log_metric("seen", 1.0)
+    here = RewardContext(lambda: None)
+    here.log_metric("seen", 5.0)
+    here.absorb(*worker_side.pop_raw())
+    assert worker_side.pop_raw() == ({}, {})  # popped: sent once
+    assert here.pop_logged() == ({"length": [3, 4]}, {"seen": 3.0})
 
+
+def test_rewards_see_the_state_log_columns_and_metrics(tiny_tokenizer, tmp_path):
     def shaped(prompts, completions, trainer_state, log_extra, log_metric, **columns):
-        steps.append(trainer_state.global_step)
+        # in the worker process: a list of this process would not see an append; the metric does
+        log_metric("seen_step", float(trainer_state.global_step))
         log_extra("length", [len(c) for c in completions])
         log_metric("shaped/mean_length", sum(map(len, completions)) / len(completions))
         return frac_sevens(prompts, completions)
@@ -58,7 +55,8 @@ def test_rewards_see_the_state_log_columns_and_metrics(tiny_tokenizer, tmp_path)
     trainer = make_trainer(tiny_tokenizer, tmp_path, reward=[shaped, frac_sevens], max_steps=2,
                            log_completions=True)  # fmt: skip
     trainer.train()
-    assert steps == [0, 1]  # the live TrainerState, one call per rollout
+    seen = [h["seen_step"] for h in trainer.state.log_history if "seen_step" in h]
+    assert seen == [0.0, 1.0]  # the live TrainerState, one call per rollout
     assert all("shaped/mean_length" in h for h in trainer.state.log_history[:2])
     table = pq.read_table(tmp_path / "out" / "completions" / "step_00001.parquet")
     assert table.column("length").to_pylist() == [

@@ -1,7 +1,9 @@
 """Reward calling: TRL's contract, NaN for None, named errors, concurrent async rewards,
-non-finite values refused, numpy accepted, time limits."""
+non-finite values refused, numpy accepted, time limits. Every test runs twice: the functions in
+the worker process (`isolate_user_code`, the default) and in this process."""
 
 import asyncio
+import dataclasses
 import math
 import re
 import signal
@@ -19,9 +21,20 @@ from grpo_plugin.training.rewards.scoring import (
     combine_rewards,
 )
 
+ISOLATE = {"on": True}
+T0 = time.monotonic()
+
+
+@pytest.fixture(autouse=True, params=[True, False], ids=["worker", "in-process"])
+def isolate(request):
+    ISOLATE["on"] = request.param
+    yield request.param
+    ISOLATE["on"] = True
+
 
 def score_completions(funcs, prompts, completions, ids, columns, checks=None):
-    scorer = RewardScorer(tuple(funcs), torch.ones(len(funcs)), checks or RewardChecks())
+    checks = dataclasses.replace(checks or RewardChecks(), isolate=ISOLATE["on"])
+    scorer = RewardScorer(tuple(funcs), torch.ones(len(funcs)), checks)
     return scorer.score_columns(prompts, completions, ids, columns)
 
 
@@ -40,22 +53,22 @@ def test_columns_reach_rewards_and_none_is_nan():
 
 
 def test_async_rewards_run_concurrently():
-    """Both coroutines are in flight at once: each starts before either finishes."""
-    events = []
+    """Both coroutines are in flight at once: each starts before the other finishes (each
+    returns its start and end time, as its two 'rewards', so the order reads the same wherever
+    they ran)."""
 
     def reward(value):
         async def fn(prompts, completions, **kw):
-            events.append(f"start {value}")
+            start = time.monotonic() - T0
             await asyncio.sleep(0.05)
-            events.append(f"end {value}")
-            return [value] * len(completions)
+            return [start, time.monotonic() - T0]
 
         fn.__name__ = f"reward_{int(value)}"
         return fn
 
-    out = call([reward(1.0), reward(2.0)], ["a", "b"])
-    assert events[:2] == ["start 1.0", "start 2.0"] and sorted(events[2:]) == ["end 1.0", "end 2.0"]
-    assert out.tolist() == [[1.0, 2.0], [1.0, 2.0]]
+    out = call([reward(1.0), reward(2.0)], ["a", "b"]).double()  # (2 [start, end], 2 rewards)
+    (start1, start2), (end1, end2) = out.tolist()
+    assert start1 < end2 and start2 < end1
 
 
 def test_async_rewards_work_inside_a_running_loop():

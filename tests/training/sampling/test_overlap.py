@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import SEVEN_DATA, char_codes, make_tiny_model, make_trainer
 
+import reward_fns
 from grpo_plugin.training.sampling import overlap
 from grpo_plugin.training.sampling.overlap import GroupWatch
 
@@ -45,6 +46,7 @@ def _rows():
 def test_overlapped_scoring_gives_the_rewards_of_scoring_after(tiny_tokenizer, tmp_path):
     seen_threads, group_sizes = set(), []
 
+    @reward_fns.in_process  # it records into this process's memory
     def reward(prompts, completions, **kwargs):
         seen_threads.add(threading.current_thread().name)
         group_sizes.append(len(completions))

@@ -1,0 +1,149 @@
+"""Where reward functions run (`calls.py`, `rollout/isolation.py`): the user's in a worker process
+that a time limit can kill, stuck in C code too; the same answers, errors and logging as in the
+trainer's process; built-ins and marked functions in the trainer's process."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import reward_fns
+from grpo_plugin.rollout import isolation
+from grpo_plugin.training.rewards.calls import in_worker
+from grpo_plugin.training.rewards.context import RewardContext
+from grpo_plugin.training.rewards.scoring import RewardChecks, RewardFunctionError, RewardScorer
+
+CATASTROPHIC = r"(a+)+$"  # backtracks 2^n steps on "a" * n + "b", in C, holding the lock
+
+
+def score(funcs, completions, checks=None, context=None, **columns):
+    checks = checks or RewardChecks()
+    scorer = RewardScorer(tuple(funcs), torch.ones(len(funcs)), checks, context)
+    return scorer.score_columns(["p"] * len(completions), completions, [[1]] * len(completions), columns)  # fmt: skip
+
+
+def backtracks(prompts, completions, **kw):
+    return [float(re.match(CATASTROPHIC, "a" * 60 + "b") is not None) for _ in completions]
+
+
+def exits(prompts, completions, **kw):
+    raise SystemExit(0)
+
+
+def hard_exits(prompts, completions, **kw):
+    os._exit(3)
+
+
+def length(prompts, completions, **kw):
+    return [float(len(c)) for c in completions]
+
+
+def test_a_reward_stuck_in_c_code_is_stopped_at_its_timeout_and_the_worker_replaced():
+    with pytest.raises(RewardFunctionError) as err:
+        score([backtracks], ["a"], RewardChecks(timeout=1.0))
+    assert str(err.value) == (
+        "reward function 'backtracks' timed out: it did not return within 1 s; make it faster or "
+        "raise reward_timeout (None: no limit)."
+    )
+    assert score([length], ["abc"]).tolist() == [[3.0]]  # a new worker serves the next call
+
+
+def test_a_reward_that_exits_is_an_error_naming_it_never_a_clean_exit():
+    with pytest.raises(RewardFunctionError, match=r"'exits' raised SystemExit on sample 0: 0; a"):
+        score([exits], ["a"])
+    with pytest.raises(RewardFunctionError, match=r"'hard_exits' ended its worker process \(exit code 3\)"):  # fmt: skip
+        score([hard_exits], ["a"])
+    assert score([length], ["ab"]).tolist() == [[2.0]]
+
+
+def test_an_exception_names_the_function_and_sample_with_the_workers_traceback_as_cause():
+    def picky(prompts, completions, **kw):
+        return [1.0 / (c != "b") for c in completions]
+
+    with pytest.raises(RewardFunctionError) as err:
+        score([picky], ["a", "b"])
+    assert str(err.value) == "reward function 'picky' raised ZeroDivisionError on sample 1: float division by zero"  # fmt: skip
+    assert isinstance(err.value.__cause__, isolation.WorkerTraceback)
+    assert 'return [1.0 / (c != "b")' in str(err.value.__cause__)  # the user's line
+
+
+def test_random_draws_are_those_of_the_trainers_process():
+    """A reward drawing from `random`, numpy and torch gets the same numbers in the worker as in
+    this process, and this process's generators advance as if it had drawn them."""
+    import numpy as np
+
+    def noisy(prompts, completions, **kw):
+        return [random.random() + np.random.rand() + torch.rand(()).item() for _ in completions]
+
+    outs, after = [], []
+    for isolate in (True, False):
+        random.seed(7), np.random.seed(7), torch.manual_seed(7)
+        outs.append(score([noisy], ["a", "b"], RewardChecks(isolate=isolate)).tolist())
+        after.append((random.random(), np.random.rand(), torch.rand(()).item()))
+    assert outs[0] == outs[1] and after[0] == after[1]
+
+
+def test_trainer_state_is_the_live_one_and_what_the_worker_logs_comes_back():
+    state = {"step": 0}
+    context = RewardContext(lambda: dict(state))
+
+    def shaped(prompts, completions, trainer_state, log_extra, log_metric, **kw):
+        log_extra("len", [len(c) for c in completions])
+        log_metric("step_seen", trainer_state["step"])
+        return [0.0] * len(completions)
+
+    for step in (3, 4):
+        state["step"] = step
+        score([shaped], ["ab", "c"], context=context)
+    assert context.pop_logged() == ({"len": [2, 1, 2, 1]}, {"step_seen": 3.5})
+
+
+def test_the_worker_keeps_its_own_state_and_this_process_keeps_its_own():
+    """The documented difference: what a function changes in the worker is not seen here."""
+    calls = []
+
+    def counting(prompts, completions, **kw):
+        calls.append(1)
+        return [float(len(calls))] * len(completions)
+
+    assert [score([counting], ["a"]).item() for _ in range(3)] == [1.0, 2.0, 3.0]  # kept there
+    assert calls == []  # not here
+    assert score([reward_fns.in_process(counting)], ["a"]).item() == 1.0  # marked: runs here
+    assert calls == [1]
+
+
+def test_which_functions_run_where():
+    checks = RewardChecks()
+    assert in_worker(length, checks)
+    assert not in_worker(length, RewardChecks(isolate=False))
+    for name in ("exact_integer", "gsm8k", "math", "think_format", "soft_overlong", "code_tests"):
+        assert not in_worker(reward_fns.get(name), checks), name  # bounded built-ins
+    assert not in_worker(reward_fns.get("think_format", think_tag="reason"), checks)  # partial
+
+
+def test_in_the_trainers_process_a_call_stuck_in_c_code_ends_the_process_with_its_stack():
+    """isolate_user_code=False: the signal cannot interrupt C code; the C timer of
+    `in_process_limit` ends the process HARD_STOP_GRACE_S past the limit, printing the stack."""
+    script = textwrap.dedent(
+        f"""
+        import re, torch
+        from grpo_plugin.rollout import isolation
+        from grpo_plugin.training.rewards.scoring import RewardChecks, RewardScorer
+        isolation.HARD_STOP_GRACE_S = 0.5
+        def backtracks(prompts, completions, **kw):
+            return [float(re.match({CATASTROPHIC!r}, "a" * 60 + "b") is not None)]
+        RewardScorer((backtracks,), torch.ones(1), RewardChecks(timeout=0.5, isolate=False)
+                     ).score_columns(["p"], ["a"], [[1]], {{}})
+        print("returned")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 1 and "returned" not in done.stdout
+    assert "Timeout" in done.stderr and "backtracks" in done.stderr  # where it was stuck
