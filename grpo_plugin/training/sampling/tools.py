@@ -211,7 +211,7 @@ def fork_user_code_worker(rewards: Any, tools: ToolInputs, args: Any) -> None:
         isolation.shared_worker().prepare(targets)
         names = ", ".join(getattr(t, "name", None) or reward_name(t) for t in targets)
         logger.info(
-            "%s run in a worker process (isolate_user_code): a time limit stops them, and they "
-            "keep their own memory (docs/rewards.md, 'Where your code runs').",
+            "In a worker process (isolate_user_code): %s. A time limit can stop any call there; "
+            "the code keeps its own memory (docs/rewards.md, 'Where your code runs').",
             names,
         )
