@@ -7,9 +7,11 @@ Measured, in one process, alternating round by round:
 - a reward call through `RewardScorer` in this process and in the worker, with the same rollout
   (a TRL-style reward over chat completions: the payload is what crosses the boundary);
 - one round of tool calls in this process and in the worker (`run_calls`);
-- forking the worker, at this script's size and after loading the embedded SmolLM2-135M with LoRA
-  (the trainer forks before the model loads; a worker forked again after a timeout forks the
-  loaded process), and the worker's own memory (its unique pages, from /proc/PID/smaps_rollup).
+- forking the worker, at this script's size and after training the embedded SmolLM2-135M with
+  LoRA (the trainer forks before the model loads; a worker forked again after a timeout forks the
+  loaded process);
+- the worker's private memory (from /proc/PID/smaps_rollup) after `--train-steps` steps of the
+  demo's shape with a reward of the user's: what copy-on-write made it hold.
 Each figure is the median over `--rounds`; the CPU is named in the output.
 """
 
@@ -49,6 +51,17 @@ def rollout(n: int, chars: int) -> tuple:
     completions = [[{"role": "assistant", "content": f"{text} {2 * i}"}] for i in range(n)]
     ids = [list(range(chars // 4)) for _ in range(n)]
     return prompts, completions, ids, {"answer": [2 * i for i in range(n)]}
+
+
+def cpu_name() -> str:
+    """The CPU's model name and the flags that change our kernels' speed."""
+    try:
+        info = open("/proc/cpuinfo").read()
+    except OSError:
+        return platform.machine()
+    name = info.split("model name", 1)[1].split(":", 1)[1].split("\n", 1)[0].strip()
+    flags = [f for f in ("avx512_bf16", "amx_bf16") if f" {f}" in info]
+    return " ".join([name, *flags])
 
 
 def ms(seconds: list[float]) -> str:
@@ -110,16 +123,35 @@ def _pid_job(targets, payload, emit) -> int:
     return os.getpid()
 
 
-def load_policy() -> object:
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
+def answer_reward(prompts, completions, answer, **kwargs):
+    texts = [c[-1]["content"] for c in completions]
+    return [float(str(a) in t) for t, a in zip(texts, answer)]
 
-    from grpo_plugin.models import resolve_model_path
 
-    model = AutoModelForCausalLM.from_pretrained(
-        resolve_model_path("embedded:smollm2-135m-instruct")
-    )
-    return get_peft_model(model, LoraConfig(r=16, target_modules="all-linear"))
+def time_training(steps: int) -> None:
+    """The worker's private memory after `steps` demo-shaped steps of the embedded model (what
+    copy-on-write made it hold while the trainer ran), next to the trainer's own."""
+    import tempfile
+
+    from peft import LoraConfig
+
+    from grpo_plugin import GRPOConfig, GRPOTrainer
+    from grpo_plugin.app.data import arithmetic_dataset
+    from grpo_plugin.models import EMBEDDED_NAME
+
+    train = arithmetic_dataset(n_train=64, n_eval=8)[0]
+    with tempfile.TemporaryDirectory() as out:
+        args = GRPOConfig(output_dir=out, num_generations=4, per_device_train_batch_size=16,
+                          max_completion_length=24, max_steps=steps, report_to="none",
+                          disable_tqdm=True, save_strategy="no")  # fmt: skip
+        lora = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
+        trainer = GRPOTrainer(EMBEDDED_NAME, answer_reward, args=args, train_dataset=train,
+                              peft_config=lora)  # fmt: skip
+        trainer.train()
+        reply = isolation.shared_worker().run(_pid_job, (answer_reward,), None, 10.0)
+        self_mb = int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) / 1024
+        print(f"after {steps} steps of SmolLM2-135M + LoRA: the worker's private memory "
+              f"{unique_mb(reply.result):.0f} MB, the trainer's resident memory {self_mb:.0f} MB")  # fmt: skip
 
 
 def main() -> None:
@@ -127,14 +159,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--completions", type=int, default=64)
     parser.add_argument("--chars", type=int, default=800)
+    parser.add_argument("--train-steps", type=int, default=8)
     args = parser.parse_args()
-    print(f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
-          f"torch threads {torch.get_num_threads()}")  # fmt: skip
+    print(f"{time.strftime('%Y-%m-%d')}, {cpu_name()}, torch threads {torch.get_num_threads()}")
     time_rewards(args)
     time_tools(args)
     time_fork("this script", min(args.rounds, 20))
-    policy = load_policy()  # noqa: F841 - held, so the fork copies a loaded process
-    time_fork("after loading SmolLM2-135M + LoRA", min(args.rounds, 20))
+    time_training(args.train_steps)
+    time_fork("after training: a worker replaced mid-run", min(args.rounds, 20))
 
 
 if __name__ == "__main__":
