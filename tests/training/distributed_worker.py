@@ -22,6 +22,10 @@ builds `GRPOTrainer`s on the tiny model and records what the tests compare, proc
 - `fsdp2`: one LoRA policy step on torch's FSDP2 (sharded sampling + backward) -> OUT/fsdp2/.
 - `cli=RECIPE`: `grpo-plugin train RECIPE` (what `python -m grpo_plugin` runs) -> its output dir,
   and each process's stdout in OUT/cli/stdout_rank{k}.txt.
+- `unshared-trainer=DIR`, `unshared-cli=RECIPE,DIR`: `GRPOTrainer.train()` and `grpo-plugin train
+  RECIPE --output_dir DIR` where DIR is not one folder for both processes (DIR's `{rank}` is the
+  process index, or each "machine" mounts its own folder there: test_multi_machine_launch.py);
+  each process writes what it stopped with -> OUT/PHASE/rank{k}.json.
 """
 
 from __future__ import annotations
@@ -217,7 +221,8 @@ def _report(run) -> dict:
         run()
         return {"type": None}
     except Exception as err:
-        return {"type": type(err).__name__, "message": str(err), "notes": err.__notes__}
+        notes = getattr(err, "__notes__", [])
+        return {"type": type(err).__name__, "message": str(err), "notes": notes}
 
 
 def eval_error(out: Path) -> None:
@@ -311,6 +316,27 @@ def cli(out: Path, recipe: str) -> None:
         raise SystemExit(code)
 
 
+def unshared_trainer(out: Path, output_dir: str) -> None:
+    trainer = tiny_trainer(Path(output_dir.format(rank=RANK)), 8)
+    report = _report(trainer.train)
+    report["steps"] = trainer.state.global_step
+    (out / f"rank{RANK}.json").write_text(json.dumps(report))
+
+
+def unshared_cli(out: Path, arg: str) -> None:
+    """The CLI's exit code and stderr (its error line) on each process."""
+    from contextlib import redirect_stderr
+
+    from grpo_plugin.cli import main as cli_main
+
+    recipe, output_dir = arg.split(",")
+    stderr = out / f"stderr_rank{RANK}.txt"
+    with stderr.open("w") as fh, redirect_stderr(fh):
+        code = cli_main(["train", recipe, "--output_dir", output_dir.format(rank=RANK)])
+    report = {"code": code, "stderr": stderr.read_text()}
+    (out / f"rank{RANK}.json").write_text(json.dumps(report))
+
+
 def main(out: Path, phases: list[str]) -> None:
     for phase in phases:
         print(f"[worker rank {RANK}] phase {phase}", file=sys.stderr, flush=True)  # where it died
@@ -326,6 +352,10 @@ def main(out: Path, phases: list[str]) -> None:
             train_and_record(out / phase, phase.removeprefix("equal-"), per_device=8)
         elif phase == "cli":
             cli(out / phase, arg)
+        elif phase == "unshared-trainer":
+            unshared_trainer(out / phase, arg)
+        elif phase == "unshared-cli":
+            unshared_cli(out / phase, arg)
         else:
             phases = {"eval": sharded_eval, "dynamic": dynamic, "error": error, "fsdp2": fsdp2}
             phases["eval-error"] = eval_error
