@@ -26,6 +26,8 @@ builds `GRPOTrainer`s on the tiny model and records what the tests compare, proc
   RECIPE --output_dir DIR` where DIR is not one folder for both processes (DIR's `{rank}` is the
   process index, or each "machine" mounts its own folder there: test_multi_machine_launch.py);
   each process writes what it stopped with -> OUT/PHASE/rank{k}.json.
+- `recipe-error=RECIPE,DIR`: `grpo-plugin train RECIPE --output_dir DIR`, process 1 naming a reward
+  that does not exist (a file missing on one machine) -> OUT/recipe-error/rank{k}.json.
 """
 
 from __future__ import annotations
@@ -323,8 +325,8 @@ def unshared_trainer(out: Path, output_dir: str) -> None:
     (out / f"rank{RANK}.json").write_text(json.dumps(report))
 
 
-def unshared_cli(out: Path, arg: str) -> None:
-    """The CLI's exit code and stderr (its error line) on each process."""
+def failing_cli(out: Path, arg: str, *flags: str) -> None:
+    """The CLI's exit code and stderr (its error line) on each process -> OUT/rank{k}.json."""
     from contextlib import redirect_stderr
 
     from grpo_plugin.cli import main as cli_main
@@ -332,9 +334,14 @@ def unshared_cli(out: Path, arg: str) -> None:
     recipe, output_dir = arg.split(",")
     stderr = out / f"stderr_rank{RANK}.txt"
     with stderr.open("w") as fh, redirect_stderr(fh):
-        code = cli_main(["train", recipe, "--output_dir", output_dir.format(rank=RANK)])
+        code = cli_main(["train", recipe, "--output_dir", output_dir.format(rank=RANK), *flags])
     report = {"code": code, "stderr": stderr.read_text()}
     (out / f"rank{RANK}.json").write_text(json.dumps(report))
+
+
+def recipe_error(out: Path, arg: str) -> None:
+    flags = ["--reward_funcs", "missing_module_on_machine_1:score"] if RANK == 1 else []
+    failing_cli(out, arg, *flags)
 
 
 def main(out: Path, phases: list[str]) -> None:
@@ -355,7 +362,9 @@ def main(out: Path, phases: list[str]) -> None:
         elif phase == "unshared-trainer":
             unshared_trainer(out / phase, arg)
         elif phase == "unshared-cli":
-            unshared_cli(out / phase, arg)
+            failing_cli(out / phase, arg)
+        elif phase == "recipe-error":
+            recipe_error(out / phase, arg)
         else:
             phases = {"eval": sharded_eval, "dynamic": dynamic, "error": error, "fsdp2": fsdp2}
             phases["eval-error"] = eval_error

@@ -134,6 +134,7 @@ def two_machines(tmp_path_factory, tiny_model_dir) -> tuple[Path, bool]:
     recipe.write_text(UNSHARED_RECIPE.format(model=tiny_model_dir))
     phases = ["equal-grpo", f"unshared-trainer={run_dir.format(phase='trainer')}"]
     phases.append(f"unshared-cli={recipe},{run_dir.format(phase='cli')}")
+    phases.append(f"recipe-error={recipe},{out / 'recipe-error-run'}")
     procs = launch_machines(
         machine_config(out), [str(WORKER), str(out), *phases], out, prefix or []
     )
@@ -205,6 +206,17 @@ def test_an_unshared_output_dir_is_one_line_from_the_cli_on_both_machines(two_ma
         expected = f"error: output_dir {_run_dir(out, same_path, 'cli', rank)} is not one folder "
         assert lines[0].startswith(expected), lines[0]
         assert "mounts at the same path" in lines[0]  # the fix
+
+
+def test_a_recipe_that_fails_on_one_machine_stops_both_with_its_line(two_machines):
+    """A reward module missing on machine 1 alone: its error, on both (not a hang or a traceback
+    about a closed connection on machine 0)."""
+    out, _ = two_machines
+    for report in _reports(out / "recipe-error"):
+        assert report["code"] == 2
+        [line] = report["stderr"].splitlines()
+        assert line.startswith("error: ") and "missing_module_on_machine_1" in line, line
+    assert not (out / "recipe-error-run").exists()
 
 
 def test_multi_cpu_is_refused_in_one_line_on_both_machines(tmp_path, tiny_model_dir):
