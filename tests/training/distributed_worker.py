@@ -26,6 +26,8 @@ builds `GRPOTrainer`s on the tiny model and records what the tests compare, proc
   RECIPE --output_dir DIR` where DIR is not one folder for both processes (DIR's `{rank}` is the
   process index, or each "machine" mounts its own folder there: test_multi_machine_launch.py);
   each process writes what it stopped with -> OUT/PHASE/rank{k}.json.
+- `cli-late=RECIPE,DIR`: `grpo-plugin train RECIPE --output_dir DIR` into one folder, process 1
+  reaching the run-dir checks 3 s after process 0 -> OUT/cli-late/rank{k}.json.
 - `recipe-error=RECIPE,DIR`: `grpo-plugin train RECIPE --output_dir DIR`, process 1 naming a reward
   that does not exist (a file missing on one machine) -> OUT/recipe-error/rank{k}.json.
 """
@@ -33,6 +35,7 @@ builds `GRPOTrainer`s on the tiny model and records what the tests compare, proc
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -333,10 +336,33 @@ def failing_cli(out: Path, arg: str, *flags: str) -> None:
 
     recipe, output_dir = arg.split(",")
     stderr = out / f"stderr_rank{RANK}.txt"
+    root = logging.getLogger()
+    root.handlers.clear()  # the CLI's logging.basicConfig: to this stderr, not an earlier one
     with stderr.open("w") as fh, redirect_stderr(fh):
         code = cli_main(["train", recipe, "--output_dir", output_dir.format(rank=RANK), *flags])
+    root.handlers.clear()  # its stream is closed now
     report = {"code": code, "stderr": stderr.read_text()}
     (out / f"rank{RANK}.json").write_text(json.dumps(report))
+
+
+def cli_late(out: Path, arg: str) -> None:
+    """Process 1 reaches the run-dir checks 3 s after process 0 (machines are never in step)."""
+    import time
+
+    from grpo_plugin.app import preflight
+
+    check_run_dir = preflight.check_run_dir
+
+    def late(recipe):
+        time.sleep(3)
+        return check_run_dir(recipe)
+
+    if RANK == 1:
+        preflight.check_run_dir = late
+    try:
+        failing_cli(out, arg)
+    finally:
+        preflight.check_run_dir = check_run_dir
 
 
 def recipe_error(out: Path, arg: str) -> None:
@@ -363,6 +389,8 @@ def main(out: Path, phases: list[str]) -> None:
             unshared_trainer(out / phase, arg)
         elif phase == "unshared-cli":
             failing_cli(out / phase, arg)
+        elif phase == "cli-late":
+            cli_late(out / phase, arg)
         elif phase == "recipe-error":
             recipe_error(out / phase, arg)
         else:

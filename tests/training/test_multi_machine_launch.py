@@ -135,6 +135,7 @@ def two_machines(tmp_path_factory, tiny_model_dir) -> tuple[Path, bool]:
     phases = ["equal-grpo", f"unshared-trainer={run_dir.format(phase='trainer')}"]
     phases.append(f"unshared-cli={recipe},{run_dir.format(phase='cli')}")
     phases.append(f"recipe-error={recipe},{out / 'recipe-error-run'}")
+    phases.append(f"cli-late={recipe},{out / 'cli-late-run'}")
     procs = launch_machines(
         machine_config(out), [str(WORKER), str(out), *phases], out, prefix or []
     )
@@ -206,6 +207,20 @@ def test_an_unshared_output_dir_is_one_line_from_the_cli_on_both_machines(two_ma
         expected = f"error: output_dir {_run_dir(out, same_path, 'cli', rank)} is not one folder "
         assert lines[0].startswith(expected), lines[0]
         assert "mounts at the same path" in lines[0]  # the fix
+
+
+def test_the_cli_on_two_machines_trains_into_one_shared_folder(two_machines):
+    """Machine 1 reaching its checks late: it must not take process 0's lock for another run's
+    (it did: each process checked the lock, and process 0 could hold it by then)."""
+    out, _ = two_machines
+    for report in _reports(out / "cli-late"):
+        assert report["code"] == 0, report["stderr"]
+        assert "error" not in report["stderr"].lower(), report["stderr"]
+    run = out / "cli-late-run"
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").open()]
+    assert sorted(set(steps)) == [1, 2]
+    assert (run / "adapter_model.safetensors").is_file()
+    assert not list(run.glob(".grpo-plugin*"))  # the lock and the check's files are gone
 
 
 def test_a_recipe_that_fails_on_one_machine_stops_both_with_its_line(two_machines):
