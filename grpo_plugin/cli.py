@@ -109,13 +109,15 @@ def cmd_train(argv: Sequence[str]) -> int:
         return 0
     from .app.preflight import prepare_run
     from .models import EmbeddedModelMissing
+    from .training.distributed import failures_shared, process_state
     from .training.rewards.scoring import RewardFunctionError
     from .training.run.preemption import TrainingInterrupted
 
     recipe = None
     try:
         recipe = load_recipe(path, flags)
-        rewards = check_recipe(recipe)
+        with failures_shared(process_state()):  # a reward missing on one machine stops them all
+            rewards = check_recipe(recipe)
         data = prepare_run(recipe, rewards)  # data, prompts, output dir, resume: no model yet
         if dry_run:
             c = recipe.config

@@ -19,6 +19,7 @@ library internals: it calls these helpers.
 | `unwrap_peft`                       | peft 0.21 `PeftModel` wraps the transformers model | -- (peft API, kept as one call site) |
 | `generation_default`                | transformers 5.x leaves GenerationConfig fields None and keeps the effective defaults in a private table | transformers exposes its generation defaults publicly |
 | `launched_without_accelerators`     | accelerate 1.15 runs each process of a GPU-less `torchrun` / `--multi_gpu` launch as its own one-process job | accelerate selects MULTI_CPU (gloo) for such launches |
+| `launched_alone`                    | accelerate 1.16 starts several CPU processes only through mpirun (`--mpirun_hostfile`): `distributed_type: MULTI_CPU`, or `--cpu --num_processes N`, without it starts ONE process per `accelerate launch`, with no rank (each machine an independent one-process run, all racing for one output_dir) | accelerate's CPU launcher starts N processes itself (or refuses) |
 | `fsdp2_parameters_held`             | torch 2.13 FSDP2 has no public "unshard and keep until I say" API (private `_get_fsdp_state`, `_lazy_init`, `post_forward_mesh_info`) | FSDP2 exposes one |
 | `release_process_group`             | torch 2.13 gloo: a process group left to interpreter shutdown sometimes aborts a process that finished its work (SIGABRT, "terminate called without an active exception"; seen in ~2 of 13 two-process test runs, and once in CI after `destroy_process_group` alone: a finished trainer's DDP wrapper, kept by a reference cycle, still held the group) | torch destroys it cleanly at exit |
 | `reuse_freed_cpu_memory`            | glibc malloc hands every tensor over its mmap threshold (128 KB, rising to at most 32 MB) fresh pages and returns them on free, so each step's big CPU tensors page-fault again: a 75-MB subtraction took 20.6 ms fresh vs 7.1 ms into a reused buffer (18,433 faults; Xeon VM), about 0.4 s of a 3.5-s `short` step; torch has no CPU caching allocator | torch caches CPU allocations, as its CUDA allocator does |
@@ -87,6 +88,31 @@ def launched_without_accelerators() -> bool:
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return False
     return torch.accelerator.current_accelerator() is None
+
+
+# Set by a launcher that started this process as one rank of several (torchrun, mpirun, ...).
+RANK_VARIABLES = (
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "PMI_SIZE",
+    "OMPI_COMM_WORLD_SIZE",
+    "MV2_COMM_WORLD_SIZE",
+)
+
+
+def launched_alone() -> bool:
+    """True in a process that `accelerate launch` started alone although more were asked for.
+
+    accelerate 1.16's simple launcher (a config with `distributed_type: MULTI_CPU`, or `--cpu`)
+    starts one process per launch and no rank unless mpirun starts them (`--mpirun_hostfile`).
+    Only that launcher sets ACCELERATE_USE_CPU; it sets MASTER_ADDR when the config asks for more
+    than one process or machine (or it was in the environment already); a launcher that started
+    several processes sets one of RANK_VARIABLES.
+    """
+    env = os.environ
+    simple_launcher = "ACCELERATE_USE_CPU" in env
+    ranked = any(name in env for name in RANK_VARIABLES)
+    return simple_launcher and "MASTER_ADDR" in env and not ranked
 
 
 @contextmanager

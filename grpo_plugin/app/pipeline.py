@@ -202,9 +202,15 @@ def train_recipe(
     """
     data = data or prepare_run(recipe, rewards)
     out, main = Path(recipe.config.output_dir), distributed.is_main_process()
-    if main:
-        overwrite = recipe.config.overwrite_output_dir
+    overwrite = recipe.config.overwrite_output_dir
+
+    def claim() -> None:  # process 0's; a refusal (another run took the dir since) on every one
         run_lock.claim(out, resume=data.checkpoint is not None, overwrite=overwrite)
+
+    try:
+        distributed.on_main_process(distributed.process_state(), claim)
+    except (ValueError, run_lock.OutputDirInUse) as err:
+        raise RecipeError(one_line(err)) from err
     try:
         return _run(recipe, rewards, data, out)
     finally:

@@ -1,7 +1,8 @@
 """A recipe's checks that read the disk, the data or the tokenizer: run before any model loads,
 by `grpo-plugin train` and by `--dry-run` alike (`recipe_checks.check_recipe` does the rest).
 
-    check_run_dir      output_dir usable; a rerun resumes or overwrites; the checkpoint to resume
+    check_run_dir      output_dir usable (and one folder for every process); a rerun resumes or
+                       overwrites; the checkpoint to resume
     load_checked_data  the datasets loaded (a malformed line named by file and line), every
                        reward's columns present, every prompt usable (bad rows named)
     check_lengths      the prompts fit the model's context (its tokenizer and config only)
@@ -9,7 +10,8 @@ by `grpo-plugin train` and by `--dry-run` alike (`recipe_checks.check_recipe` do
                        recipe is the run's (`training/run/resume.py`; rewards, LoRA and
                        model_init_kwargs are compared again once the trainer is built)
 
-Each problem raises `RecipeError` with one line that says how to fix it. The checks themselves are
+Each problem raises `RecipeError` with one line that says how to fix it; under `accelerate launch`
+on every process (`failures_shared`), so none goes on alone. The checks themselves are
 `training/inputs.py`'s, which remembers what passed: the trainer, handed the same datasets, neither
 checks nor tokenizes their prompts again.
 """
@@ -20,9 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..training import inputs
+from ..training import distributed, inputs
 from ..training.run import checkpoints, resume
 from ..training.run import lock as run_lock
+from ..training.run.shared_dir import check_shared
 from .recipe import Recipe, RecipeError, one_line
 from .recipe_checks import check_reward_columns
 from .splits import load_splits
@@ -53,17 +56,29 @@ class RecipeData:
 
 
 def check_run_dir(recipe: Recipe) -> str | None:
-    """The output dir can take this run; returns the checkpoint to resume from, if any."""
-    c = recipe.config
+    """The output dir can take this run; returns the checkpoint to resume from, if any.
+
+    Several processes: each checks what it reads itself (output_dir's place, the model), then
+    that they all see one output_dir; process 0 alone checks the run in it (the lock it will
+    take, a rerun, the checkpoint), and its verdict holds for every process."""
+    c, state = recipe.config, distributed.process_state()
     try:
-        inputs.check_output_dir(c.output_dir)
-        # a live run first: "resume it" or "overwrite it" would be wrong advice while it runs
-        run_lock.check_not_in_use(c.output_dir)
-        checkpoint = checkpoints.resolve_resume(c.output_dir, c.resume_from_checkpoint)
-        run_lock.check_rerun(c.output_dir, checkpoint is not None, c.overwrite_output_dir)
-        inputs.check_model_source(recipe.args.model)
+        with distributed.failures_shared(state):
+            inputs.check_output_dir(c.output_dir)
+        check_shared(c.output_dir, state)
+        checkpoint = distributed.on_main_process(state, lambda: _check_previous_run(c))
+        with distributed.failures_shared(state):
+            inputs.check_model_source(recipe.args.model)
     except (ValueError, run_lock.OutputDirInUse) as err:
         raise RecipeError(one_line(err)) from err
+    return checkpoint
+
+
+def _check_previous_run(config: Any) -> str | None:
+    # a live run first: "resume it" or "overwrite it" would be wrong advice while it runs
+    run_lock.check_not_in_use(config.output_dir)
+    checkpoint = checkpoints.resolve_resume(config.output_dir, config.resume_from_checkpoint)
+    run_lock.check_rerun(config.output_dir, checkpoint is not None, config.overwrite_output_dir)
     return checkpoint
 
 
@@ -121,9 +136,10 @@ def check_resume(recipe: Recipe, data: RecipeData, checkpoint: str) -> None:
 def prepare_run(recipe: Recipe, rewards: list[Callable]) -> RecipeData:
     """Every check above, in order; what the run needs from them."""
     checkpoint = check_run_dir(recipe)
-    data = load_checked_data(recipe, rewards)
-    check_lengths(recipe, data)
-    if checkpoint is not None:
-        check_resume(recipe, data, checkpoint)
+    with distributed.failures_shared(distributed.process_state()):  # data missing on a machine
+        data = load_checked_data(recipe, rewards)
+        check_lengths(recipe, data)
+        if checkpoint is not None:
+            check_resume(recipe, data, checkpoint)
     data.checkpoint = checkpoint
     return data

@@ -13,7 +13,9 @@ FSDP2, DeepSpeed ZeRO-2) averages the gradients. What the trainer adds, and wher
 - Metrics are global. Reward metrics are computed from every process's completions
   (`gather_rollout`), the others averaged over processes (`combine_metrics`) before logging.
 - One writer. Process 0 alone writes files (`is_main_process`); the completions parquet holds
-  every process's completions, gathered.
+  every process's completions, gathered. It alone decides about the run directory
+  (`on_main_process`: its lock, what a rerun resumes from), once every process has shown that it
+  sees the same directory (`run/shared_dir.py`).
 - Collectives are reached by every process the same number of times. Sampling, scoring and the
   dynamic-sampling refills run with no collective inside (sharded parameters are gathered once
   before, `full_parameters`), so processes may refill a different number of rounds. The local
@@ -50,9 +52,7 @@ def is_main_process(accelerator=None) -> bool:
     """True on process 0 (and in a plain one-process run): the one process that writes files."""
     if accelerator is not None:
         return accelerator.is_main_process
-    from accelerate import PartialState
-
-    return PartialState().is_main_process
+    return process_state().is_main_process
 
 
 def global_prompt_offset(accelerator, prompts_per_process: int) -> int:
@@ -135,6 +135,30 @@ def failures_shared(accelerator) -> Iterator[None]:
     raised = error if rank == accelerator.process_index else report
     raised.add_note(f"Raised on process {rank} of {world}; every process stops with this error.")
     raise raised
+
+
+def on_main_process(accelerator, fn: Callable[[], Any]) -> Any:
+    """`fn()` run on process 0 alone; its result (picklable) is returned on every process and its
+    exception raised on every one (`failures_shared`). A collective, when several processes.
+
+    For a decision about files only process 0 may take (the run directory's lock, what a rerun
+    resumes from): the others must neither take it themselves (they would see process 0's lock)
+    nor go on alone when it failed (they would wait for process 0 at the next collective)."""
+    if _world(accelerator) == 1:
+        return fn()
+    result = None
+    with failures_shared(accelerator):
+        if accelerator.process_index == 0:
+            result = fn()
+    return gather_objects(accelerator, result)[0]
+
+
+def process_state():
+    """accelerate's view of this process (rank, world size): a `PartialState`, which
+    `TrainingArguments` creates (and with it the process group) when a config is built."""
+    from accelerate import PartialState
+
+    return PartialState()
 
 
 # --- rollouts and metrics -------------------------------------------------------------------------

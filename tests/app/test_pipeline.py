@@ -248,3 +248,22 @@ def test_load_best_model_at_end_without_a_validation_split_is_refused(tiny_model
         check_recipe(load_recipe(str(recipe), flags))
     validated = ["--dataset.validation_size", "4", *flags]
     check_recipe(load_recipe(str(recipe), validated))  # with one, the same recipe passes
+
+
+def test_a_run_that_takes_the_dir_after_the_checks_is_refused_in_one_line(tiny_model_dir, tmp_path):
+    """The lock taken by another run between the checks and the claim: a RecipeError (the CLI's
+    one line, on every process under accelerate), not OutputDirInUse's traceback."""
+    from grpo_plugin.app.preflight import prepare_run
+    from grpo_plugin.training.run.lock import RunLock
+
+    path, out = write_recipe(tmp_path, tiny_model_dir)
+    recipe = load_recipe(str(path))
+    rewards = check_recipe(recipe)
+    data = prepare_run(recipe, rewards)
+    other = RunLock(out)
+    other.acquire()
+    try:
+        with pytest.raises(RecipeError, match="is in use by another run"):
+            pipeline.train_recipe(recipe, rewards, data)
+    finally:
+        other.release()

@@ -22,11 +22,20 @@ builds `GRPOTrainer`s on the tiny model and records what the tests compare, proc
 - `fsdp2`: one LoRA policy step on torch's FSDP2 (sharded sampling + backward) -> OUT/fsdp2/.
 - `cli=RECIPE`: `grpo-plugin train RECIPE` (what `python -m grpo_plugin` runs) -> its output dir,
   and each process's stdout in OUT/cli/stdout_rank{k}.txt.
+- `unshared-trainer=DIR`, `unshared-cli=RECIPE,DIR`: `GRPOTrainer.train()` and `grpo-plugin train
+  RECIPE --output_dir DIR` where DIR is not one folder for both processes (DIR's `{rank}` is the
+  process index, or each "machine" mounts its own folder there: test_multi_machine_launch.py);
+  each process writes what it stopped with -> OUT/PHASE/rank{k}.json.
+- `cli-late=RECIPE,DIR`: `grpo-plugin train RECIPE --output_dir DIR` into one folder, process 1
+  reaching the run-dir checks 3 s after process 0 -> OUT/cli-late/rank{k}.json.
+- `recipe-error=RECIPE,DIR`: `grpo-plugin train RECIPE --output_dir DIR`, process 1 naming a reward
+  that does not exist (a file missing on one machine) -> OUT/recipe-error/rank{k}.json.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -217,7 +226,8 @@ def _report(run) -> dict:
         run()
         return {"type": None}
     except Exception as err:
-        return {"type": type(err).__name__, "message": str(err), "notes": err.__notes__}
+        notes = getattr(err, "__notes__", [])
+        return {"type": type(err).__name__, "message": str(err), "notes": notes}
 
 
 def eval_error(out: Path) -> None:
@@ -311,6 +321,55 @@ def cli(out: Path, recipe: str) -> None:
         raise SystemExit(code)
 
 
+def unshared_trainer(out: Path, output_dir: str) -> None:
+    trainer = tiny_trainer(Path(output_dir.format(rank=RANK)), 8)
+    report = _report(trainer.train)
+    report["steps"] = trainer.state.global_step
+    (out / f"rank{RANK}.json").write_text(json.dumps(report))
+
+
+def failing_cli(out: Path, arg: str, *flags: str) -> None:
+    """The CLI's exit code and stderr (its error line) on each process -> OUT/rank{k}.json."""
+    from contextlib import redirect_stderr
+
+    from grpo_plugin.cli import main as cli_main
+
+    recipe, output_dir = arg.split(",")
+    stderr = out / f"stderr_rank{RANK}.txt"
+    root = logging.getLogger()
+    root.handlers.clear()  # the CLI's logging.basicConfig: to this stderr, not an earlier one
+    with stderr.open("w") as fh, redirect_stderr(fh):
+        code = cli_main(["train", recipe, "--output_dir", output_dir.format(rank=RANK), *flags])
+    root.handlers.clear()  # its stream is closed now
+    report = {"code": code, "stderr": stderr.read_text()}
+    (out / f"rank{RANK}.json").write_text(json.dumps(report))
+
+
+def cli_late(out: Path, arg: str) -> None:
+    """Process 1 reaches the run-dir checks 3 s after process 0 (machines are never in step)."""
+    import time
+
+    from grpo_plugin.app import preflight
+
+    check_run_dir = preflight.check_run_dir
+
+    def late(recipe):
+        time.sleep(3)
+        return check_run_dir(recipe)
+
+    if RANK == 1:
+        preflight.check_run_dir = late
+    try:
+        failing_cli(out, arg)
+    finally:
+        preflight.check_run_dir = check_run_dir
+
+
+def recipe_error(out: Path, arg: str) -> None:
+    flags = ["--reward_funcs", "missing_module_on_machine_1:score"] if RANK == 1 else []
+    failing_cli(out, arg, *flags)
+
+
 def main(out: Path, phases: list[str]) -> None:
     for phase in phases:
         print(f"[worker rank {RANK}] phase {phase}", file=sys.stderr, flush=True)  # where it died
@@ -326,6 +385,14 @@ def main(out: Path, phases: list[str]) -> None:
             train_and_record(out / phase, phase.removeprefix("equal-"), per_device=8)
         elif phase == "cli":
             cli(out / phase, arg)
+        elif phase == "unshared-trainer":
+            unshared_trainer(out / phase, arg)
+        elif phase == "unshared-cli":
+            failing_cli(out / phase, arg)
+        elif phase == "cli-late":
+            cli_late(out / phase, arg)
+        elif phase == "recipe-error":
+            recipe_error(out / phase, arg)
         else:
             phases = {"eval": sharded_eval, "dynamic": dynamic, "error": error, "fsdp2": fsdp2}
             phases["eval-error"] = eval_error

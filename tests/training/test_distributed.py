@@ -106,6 +106,31 @@ def test_a_cpu_only_multi_process_launch_is_detected(monkeypatch):
     assert not launched_without_accelerators()
 
 
+def test_a_process_started_alone_by_accelerate_is_detected(monkeypatch):
+    """accelerate's simple launcher (MULTI_CPU, --cpu) sets ACCELERATE_USE_CPU, and MASTER_ADDR when
+    several processes or machines were asked for; a launcher that started them sets a rank."""
+    from grpo_plugin._compat import RANK_VARIABLES, launched_alone
+
+    for name in (*RANK_VARIABLES, "ACCELERATE_USE_CPU", "MASTER_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    assert not launched_alone()  # python -m grpo_plugin, MASTER_ADDR exported: not accelerate's
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
+    assert launched_alone()
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")  # mpirun started them (--mpirun_hostfile)
+    assert not launched_alone()
+    monkeypatch.delenv("OMPI_COMM_WORLD_SIZE")
+    monkeypatch.delenv("MASTER_ADDR")
+    assert not launched_alone()  # one process asked for
+
+
+def test_main_process_decides_alone_in_a_one_process_run():
+    one = SimpleNamespace(num_processes=1, process_index=0)
+    assert distributed.on_main_process(one, lambda: "checkpoint-4") == "checkpoint-4"
+    with pytest.raises(KeyError):
+        distributed.on_main_process(one, lambda: {}["x"])
+
+
 def test_unpicklable_errors_travel_as_runtime_errors():
     class Local(Exception):  # a class defined in a function cannot be pickled
         pass

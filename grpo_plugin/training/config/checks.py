@@ -19,6 +19,7 @@ from ..._compat import (
     _NO_DEFAULT,
     cpu_has_bf16_units,
     generation_default,
+    launched_alone,
     launched_without_accelerators,
 )
 from ...core.objectives import ESTIMATORS
@@ -349,8 +350,20 @@ def check_evaluation(config: Any) -> None:
 
 
 # --- the run: precision, device, logging, safety ----------------------------------------------------
+LAUNCHED_ALONE = (
+    "accelerate launch started this process alone: with `distributed_type: MULTI_CPU` (or --cpu "
+    "and several processes) it starts one independent run per launch unless mpirun starts them "
+    "(--mpirun_hostfile); set `distributed_type: MULTI_GPU` (or launch with --multi_gpu): without "
+    "GPUs the processes then train on the CPUs over gloo (on GPU machines add `use_cpu: true` to "
+    "the recipe). For a one-process run, unset MASTER_ADDR."
+)
+
+
 def set_run_defaults(config: Any) -> None:
-    """Before TrainingArguments: bf16 and the device resolved, gradient checkpointing's kwargs."""
+    """Before TrainingArguments: bf16 and the device resolved, gradient checkpointing's kwargs.
+    A launch that started this process alone out of several is refused (`launched_alone`)."""
+    if launched_alone():  # never N one-process runs racing for one output_dir
+        raise ValueError(LAUNCHED_ALONE)
     if config.bf16 is None:
         config.bf16 = bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
     if config.bf16 and not _has_accelerator():

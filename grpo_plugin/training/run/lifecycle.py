@@ -2,10 +2,12 @@
 into a checkpoint, checkpoints written atomically.
 
     train(resume_from_checkpoint)
+      check_shared         several processes: every one sees the same output_dir (shared_dir.py)
       resolve_resume       a path or True -> the newest complete checkpoint (checkpoints.py)
       resume.prepare       every piece of an exact resume there, the config the same run's
                            (or `resume_as_new_phase`), the run's record for the checkpoints
       run_lock.claim       lock output_dir; refuse a rerun that neither resumes nor overwrites
+                           (process 0 alone; its refusal raised on every process)
       cut_back_to_step     metrics.jsonl and completions/ back to the checkpoint's step
       plan_batch           auto_find_batch_size: the micro-batch that fits (autopilot.py),
                            applied by the trainer through the config's batch-size checks
@@ -28,10 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import cpu_memory
+from ..distributed import on_main_process
 from . import checkpoints, rundir
 from . import lock as run_lock
 from . import resume as resume_checks
 from .preemption import PreemptionCallback, TrainingInterrupted, handlers_installed
+from .shared_dir import check_shared
 
 logger = logging.getLogger(__name__)
 
@@ -42,12 +46,17 @@ def train(trainer: Any, base_train: Callable[..., Any], resume: str | bool | Non
     a = trainer.args
     if resume is None and a.resume_from_checkpoint:  # honoured, not silently ignored
         resume = a.resume_from_checkpoint
+    check_shared(a.output_dir, trainer.accelerator)  # before any process reads or writes it
     checkpoint = checkpoints.resolve_resume(a.output_dir, resume)
     resume_checks.prepare(trainer, checkpoint)  # every piece there, the same run (resume.py)
     main = trainer.is_world_process_zero()
-    if main:  # the earlier run's files as found when the trainer was built (not its own writes)
-        found, resuming = trainer._previous_run_files, checkpoint is not None
+    # the earlier run's files as found when the trainer was built (not its own writes)
+    found, resuming = trainer._previous_run_files, checkpoint is not None
+
+    def claim() -> None:
         run_lock.claim(a.output_dir, resume=resuming, overwrite=a.overwrite_output_dir, found=found)
+
+    on_main_process(trainer.accelerator, claim)
     try:
         if main and checkpoint is not None:
             rundir.cut_back_to_step(a.output_dir, checkpoints.checkpoint_step(checkpoint) or 0)

@@ -43,6 +43,8 @@ CURVE_FILE = "reward_curve.png"
 CARD_FILE = "README.md"
 ENTROPY_STATE_FILE = "entropy_ctrl_state.json"  # in checkpoint-N/, TRL's name
 RESUME_RECORD_FILE = "grpo_resume.json"  # in checkpoint-N/: what the run is (run/resume.py)
+# run/shared_dir.py: PREFIX + a nonce (+ ".K" from process K), removed once every process read it
+SHARED_CHECK_PREFIX = ".grpo-plugin-shared-"
 # Files that show a directory holds a run (with the checkpoint-N folders), and everything a run
 # writes at the top level (what `overwrite_output_dir` deletes; tokenizer files are rewritten).
 RUN_MARKERS = (METRICS_FILE, RUN_INFO_FILE, COMPLETIONS_DIR, EVAL_FILE)

@@ -146,3 +146,16 @@ def test_an_invalid_batch_plan_raises_the_users_error(tmp_path, kw, plan, messag
 def test_the_users_sizes_raise_the_same_error_as_a_plan(tmp_path):
     with pytest.raises(ValueError, match="generation_batch_size=12 must be divisible by the glob"):
         make(tmp_path, per_device_train_batch_size=8, num_generations=4, generation_batch_size=12)
+
+
+def test_a_launch_that_started_this_process_alone_is_refused(tmp_path, monkeypatch):
+    """`distributed_type: MULTI_CPU` (or `--cpu` with several processes) without mpirun: accelerate
+    starts one unranked process per launch. Refused before anything loads, on every process."""
+    from grpo_plugin._compat import RANK_VARIABLES
+
+    for name in RANK_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "False")  # set by accelerate's simple launcher
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # set there when several were asked for
+    with pytest.raises(ValueError, match="set `distributed_type: MULTI_GPU`"):
+        make(tmp_path)
