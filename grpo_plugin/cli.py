@@ -52,7 +52,11 @@ def quiet_logs() -> None:
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
     huggingface_hub.utils.disable_progress_bars()
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    from ._logging import CurrentStderrHandler
+
+    logging.basicConfig(
+        level=logging.WARNING, format="%(message)s", handlers=[CurrentStderrHandler()]
+    )
     logging.getLogger("grpo_plugin").setLevel(logging.INFO)
     logging.getLogger("reward_fns").setLevel(logging.INFO)  # e.g. the sandbox's isolation line
     for name in ("bitsandbytes", "bitsandbytes.backends.cpu.ops", "peft", "accelerate"):

@@ -110,10 +110,15 @@ def embedded_gguf_path() -> Path:
     )
 
 
+def embedded_converted() -> bool:
+    """Whether the safetensors copy is in the cache (no conversion to wait for)."""
+    return (embedded_cache_path() / _DONE_MARKER).is_file()
+
+
 def ensure_embedded_converted() -> Path:
     """Return the cached safetensors dir of the embedded model, converting the GGUF if needed."""
     target = embedded_cache_path()
-    if (target / _DONE_MARKER).is_file():
+    if embedded_converted():
         return target
     gguf = embedded_gguf_path()
     target.parent.mkdir(parents=True, exist_ok=True)
