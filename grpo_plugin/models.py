@@ -21,6 +21,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -125,7 +126,9 @@ def ensure_embedded_converted() -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{_CACHE_SUBDIR}-", dir=target.parent))
     try:
         logger.info("Converting %s to safetensors under %s (first use only)", gguf.name, target)
+        start = time.perf_counter()
         _convert_gguf(gguf, tmp)
+        logger.info("Converted %s in %.1f s", gguf.name, time.perf_counter() - start)
         (tmp / _DONE_MARKER).write_text(f"{EMBEDDED_HUB_ID} from {gguf.name}\n")
         tmp.chmod(0o755)  # mkdtemp makes it owner-only
         if target.exists():  # a stale, unmarked directory from an older layout

@@ -27,7 +27,6 @@ import yaml
 
 import reward_fns
 
-from ..models import embedded_converted, is_embedded, resolve_model_path
 from ..training import distributed, inputs, progress
 from ..training.callbacks import evaluation_progress
 from ..training.run import lock as run_lock
@@ -251,13 +250,10 @@ def _before(trainer, recipe: Recipe, data: RecipeData, eval_fn: Callable, out: P
 
 
 def _load(recipe: Recipe, rewards: list[Callable], data: RecipeData, shown: bool):
-    """The trainer, its model converted (the embedded one's first use) and loaded."""
-    model = recipe.args.model
-    if is_embedded(model) and not embedded_converted():
-        with progress.phase("Converting the embedded model (first use only)", enabled=shown):
-            resolve_model_path(model)
+    """The trainer, its model loaded. (A first use of the embedded model converts it earlier,
+    in preflight, under transformers' own bar and `models.py`'s log lines.)"""
     # policy.load_model logs the start and the end; the live line shows the wait in between
-    with progress.phase(f"Loading {model}", enabled=shown, announce=False, summary=""):
+    with progress.phase(f"Loading {recipe.args.model}", enabled=shown, announce=False, summary=""):
         return _build_trainer(recipe, rewards, data)
 
 
