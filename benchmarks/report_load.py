@@ -63,7 +63,9 @@ def synthetic_run(root: Path, opts) -> Path:
                 correct, form = float(rng.random() > 0.5), float(rng.random() > 0.3)
                 records["step"].append(step)
                 records["prompt"].append(prompt)
-                records["completion"].append([{"role": "assistant", "content": text(rng, opts.chars)}])
+                records["completion"].append(
+                    [{"role": "assistant", "content": text(rng, opts.chars)}]
+                )
                 records["reward"].append(correct + 0.5 * form)
                 records["advantage"].append(rng.gauss(0, 1))
                 records["rewards/correct"].append(correct)

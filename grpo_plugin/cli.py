@@ -205,6 +205,10 @@ def cmd_answer(args: argparse.Namespace) -> int:
     from .app.chat import ChatOptions, converse, open_chat
     from .models import EmbeddedModelMissing
 
+    if args.command == "generate" and not args.prompt.strip():
+        return fail(
+            'PROMPT is empty; ask something, e.g. grpo-plugin generate RUN "What is 2 + 3?"'
+        )
     options = ChatOptions(args.sample, args.max_new_tokens, args.system, args.seed)
     try:
         chat = open_chat(args.run_dir, options, args.command)

@@ -118,8 +118,9 @@ def run_sampling(info: dict[str, Any], options: ChatOptions) -> SamplingParams:
     """Greedy, or the run's sampling settings; `max_new_tokens` from the options or the run."""
     settings = dict(info.get("sampling") or {})
     settings.setdefault("temperature", info.get("temperature", 1.0))
-    length = options.max_new_tokens or settings.get("max_completion_length")
-    length = length or info.get("max_completion_length") or 256
+    length = options.max_new_tokens  # 0 or less is refused below, not replaced
+    if length is None:
+        length = settings.get("max_completion_length") or info.get("max_completion_length") or 256
     try:
         if not options.sample:
             return SamplingParams(max_new_tokens=length, temperature=0.0)

@@ -113,8 +113,9 @@ def test_sampling_is_greedy_by_default_and_the_runs_own_with_sample(base_dir):
     assert sampled.max_new_tokens == 9
     older = {"temperature": 1.2, "max_completion_length": 7}  # a run from before `sampling`
     assert run_sampling(older, ChatOptions(sample=True)).temperature == 1.2
-    with pytest.raises(RecipeError, match="max_new_tokens must be >= 1"):
-        run_sampling(info, ChatOptions(max_new_tokens=-1))
+    for bad in (0, -1):  # refused, not silently replaced by the run's length
+        with pytest.raises(RecipeError, match="max_new_tokens must be >= 1"):
+            run_sampling(info, ChatOptions(max_new_tokens=bad))
 
 
 def test_sampled_answers_follow_the_seed(adapter_run):
@@ -148,6 +149,9 @@ def test_bad_run_dirs_get_one_line_before_any_model_loads(
         args = [command[0], str(path), *command[2:]]
         return cli.main(args)
 
+    if command[0] == "generate":
+        assert cli.main(["generate", str(adapter_run), "  "]) == 2
+        assert "PROMPT is empty" in _one_error_line(capsys)
     assert run(tmp_path / "missing") == 2
     assert f"run dir {tmp_path / 'missing'} does not exist" in _one_error_line(capsys)
     empty = tmp_path / "no-weights"  # a run killed before it saved: metrics, no adapter

@@ -116,12 +116,16 @@ def test_piped_the_log_gets_plain_lines_during_training(recipe):
     assert any(line.startswith("eval before training 0/4 prompts") for line in lines)
     assert any(line.startswith("eval after training: 4 prompts in ") for line in lines)
     assert any(line.startswith("Saving the model to ") for line in lines)
+    assert (recipe.parent / "out" / "report.html").is_file()  # written at the end by default
 
 
 def test_disable_tqdm_turns_the_progress_lines_off(recipe):
     env = _env(**{INTERVAL_ENV: "0"})
-    proc = subprocess.run(_command(recipe, "--disable_tqdm", "true"), capture_output=True,
-                          text=True, env=env, cwd=REPO_ROOT, timeout=300)  # fmt: skip
+    flags = ("--disable_tqdm", "true", "--report", "false")
+    proc = subprocess.run(_command(recipe, *flags), capture_output=True, text=True, env=env,
+                          cwd=REPO_ROOT, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "Training: step" not in proc.stderr and "eval before training" not in proc.stderr
     assert "Loaded " in proc.stderr  # the log lines stay
+    assert not (recipe.parent / "out" / "report.html").exists()  # report: false
+    assert "Report (open it" not in proc.stdout and "grpo-plugin chat" in proc.stdout
