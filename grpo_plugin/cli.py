@@ -72,6 +72,9 @@ def fail(message: str, code: int = EXIT_BAD_RECIPE) -> int:
 # ----------------------------------------------------------------------------- train
 
 
+_BOOL_WORDS = ("true", "false", "yes", "no", "1", "0", "t", "f", "y", "n")
+
+
 def resume_command(argv: Sequence[str]) -> str:
     """The `train` command line that resumes the run `argv` started."""
     kept, skip = [], 0
@@ -80,7 +83,9 @@ def resume_command(argv: Sequence[str]) -> str:
             skip -= 1
             continue
         name = arg.split("=", 1)[0]
-        if name == "--overwrite_output_dir":
+        if name == "--overwrite_output_dir":  # a bare flag, or followed by its value
+            following = argv[i + 1].lower() if i + 1 < len(argv) else ""
+            skip = 1 if "=" not in arg and following in _BOOL_WORDS else 0
             continue
         if name == "--resume_from_checkpoint":
             skip = 0 if "=" in arg or i + 1 == len(argv) else 1
