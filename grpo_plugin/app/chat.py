@@ -99,18 +99,18 @@ def _logged_prompt(run: Path) -> Any:
         except Exception:  # unreadable (being written?): the next one
             continue
         try:
-            return json.loads(prompt)  # chat prompts are stored as JSON lists of messages
+            messages = json.loads(prompt)  # chat prompts are stored as JSON lists of messages
         except (TypeError, ValueError):
             return prompt
+        chat = isinstance(messages, list) and all(isinstance(m, dict) for m in messages)
+        return messages if chat else prompt
     return None
 
 
-def training_system_prompt(run: Path) -> str | None:
-    """The system message of the prompts the run trained on, when they had one."""
-    prompt = _logged_prompt(run)
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
-        if prompt[0].get("role") == "system":
-            return str(prompt[0].get("content", ""))
+def system_prompt_of(prompt: Any) -> str | None:
+    """The system message of a chat prompt, when it has one."""
+    if isinstance(prompt, list) and prompt and prompt[0].get("role") == "system":
+        return str(prompt[0].get("content", ""))
     return None
 
 
@@ -139,10 +139,12 @@ def run_sampling(info: dict[str, Any], options: ChatOptions) -> SamplingParams:
 class RunChat:
     """A trained run that answers: messages in, the model's reply out."""
 
-    def __init__(self, model: Any, tokenizer: Any, settings: GroupSampling, system: str | None):
+    def __init__(
+        self, model: Any, tokenizer: Any, settings: GroupSampling, system: str | None, chat: bool
+    ):
         self.model, self.tokenizer, self.settings = model, tokenizer, settings
         self.system = system or None
-        self.uses_chat = tokenizer.chat_template is not None
+        self.uses_chat = chat  # False: plain-text prompts, as the run trained on
 
     def messages(self, question: str) -> list[dict[str, str]]:
         """A one-turn conversation with the system prompt."""
@@ -150,8 +152,8 @@ class RunChat:
         return [*system, {"role": "user", "content": question}]
 
     def reply(self, messages: list[dict[str, str]]) -> str:
-        """The reply to a conversation (a model without a chat template reads the last user
-        message as plain text)."""
+        """The reply to a conversation (a run trained on plain-text prompts, or a tokenizer
+        without a chat template, reads the last user message as plain text)."""
         import torch
 
         from ..rollout.prompts import sample_groups
@@ -176,7 +178,8 @@ def open_chat(run_dir: str | Path, options: ChatOptions, command: str = "chat") 
     run = check_run_dir(run_dir, command)
     info = rundir.load_run_info(run)
     sampling = run_sampling(info, options)
-    system = options.system if options.system is not None else training_system_prompt(run)
+    logged = _logged_prompt(run)  # what the run trained on: chat or plain text, its system prompt
+    system = options.system if options.system is not None else system_prompt_of(logged)
     if info.get("tools"):
         logger.warning(
             "This run trained with tools (%s); %s runs without them: a tool call is shown, not "
@@ -191,7 +194,8 @@ def open_chat(run_dir: str | Path, options: ChatOptions, command: str = "chat") 
     template = (info.get("sampling") or {}).get("chat_template_kwargs")
     keep = keep if keep and keep > 0 else None
     settings = GroupSampling(sampling, 1, max_prompt_length=keep, chat_template_kwargs=template)
-    return RunChat(model, tokenizer, settings, system)
+    chat = isinstance(logged, list) if logged is not None else tokenizer.chat_template is not None
+    return RunChat(model, tokenizer, settings, system, chat)
 
 
 def one_line_answer(text: str) -> str:

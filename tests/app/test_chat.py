@@ -104,6 +104,28 @@ def test_a_full_fine_tune_answers_too_and_the_system_prompt_can_be_dropped(tmp_p
     assert chat.answer("Hi") == expected
 
 
+def test_a_run_trained_on_plain_text_gets_plain_text(tmp_path):
+    """The tokenizer has a chat template, but the run's logged prompts were plain strings (even
+    one that parses as JSON): the question goes in as text, as in training."""
+    run = tmp_path / "plain"
+    tokenizer = make_tiny_tokenizer()
+    model = make_tiny_model(tokenizer, seed=4, initializer_range=0.5)
+    model.save_pretrained(run)
+    tokenizer.save_pretrained(run)
+    records = {"step": [0], "prompt": ["[1, 2]"], "completion": ["3"], "reward": [1.0],
+               "advantage": [0.0]}  # fmt: skip
+    rundir.write_completions_parquet(rundir.completions_file(run, 0), records)
+    chat = open_chat(run, ChatOptions(max_new_tokens=5))
+    assert not chat.uses_chat and chat.system is None
+    ids = tokenizer("2 + 2 =", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = model.eval().generate(ids, max_new_tokens=5, do_sample=False,
+                                    pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    assert chat.answer("2 + 2 =") == tokenizer.decode(
+        out[0, ids.shape[1] :], skip_special_tokens=True
+    )
+
+
 def test_sampling_is_greedy_by_default_and_the_runs_own_with_sample(base_dir):
     info = _run_info(base_dir, temperature=0.7, top_p=0.9, top_k=5, min_p=0.05)
     greedy = run_sampling(info, ChatOptions())

@@ -47,12 +47,15 @@ def _number(value: Any) -> float | None:
 
 
 def _decoded(value: Any) -> Any:
-    """A prompt or completion as logged: chat messages were stored as JSON text."""
-    if isinstance(value, str) and value[:1] in "[{":
+    """A prompt or completion as logged: chat messages were stored as JSON text (a plain-text
+    prompt that happens to parse as JSON stays text)."""
+    if isinstance(value, str) and value[:1] == "[":
         try:
-            return json.loads(value)
+            messages = json.loads(value)
         except ValueError:
             return value
+        if isinstance(messages, list) and all(isinstance(m, dict) for m in messages):
+            return messages
     return value
 
 

@@ -16,6 +16,7 @@ from conftest import RUN_INFO, write_run_files
 from grpo_plugin import cli
 from grpo_plugin.training.publish.report import (
     ReportError,
+    _decoded,
     _group_bounds,
     report_data,
     write_report,
@@ -72,6 +73,13 @@ def test_the_data_has_every_step_group_and_reward(run):
     assert data["metrics"]["train"]["step"] == [1, 2, 3]
     assert data["metrics"]["eval"]["eval_accuracy"] == [0.5]
     assert data["run"]["weights"] is None and data["run"]["training"] is None
+
+
+def test_only_chat_messages_are_decoded():
+    messages = [{"role": "user", "content": "hi"}]
+    assert _decoded(json.dumps(messages)) == messages
+    for text in ("[1, 2]", "[not json", "plain", '{"a": 1}'):  # plain-text prompts stay text
+        assert _decoded(text) == text
 
 
 def test_groups_fall_back_to_runs_of_one_prompt():
