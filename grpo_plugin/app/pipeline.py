@@ -28,7 +28,7 @@ import yaml
 import reward_fns
 
 from ..training import distributed, inputs, progress
-from ..training.callbacks import evaluation_progress
+from ..training.callbacks import evaluation_progress, trainer_phase
 from ..training.run import lock as run_lock
 from ..training.run import rundir
 from ..training.run.resume import ResumeRefused
@@ -249,11 +249,14 @@ def _before(trainer, recipe: Recipe, data: RecipeData, eval_fn: Callable, out: P
     return before
 
 
-def _load(recipe: Recipe, rewards: list[Callable], data: RecipeData, shown: bool):
-    """The trainer, its model loaded. (A first use of the embedded model converts it earlier,
-    in preflight, under transformers' own bar and `models.py`'s log lines.)"""
+def _load(recipe: Recipe, rewards: list[Callable], data: RecipeData):
+    """The trainer, its model loaded, shown as a phase (before the trainer and its callbacks
+    exist; later phases go through them). A first use of the embedded model converts it earlier,
+    in preflight, under transformers' own bar and `models.py`'s log lines."""
+    shown = not recipe.config.disable_tqdm and distributed.is_main_process()
+    label = f"Loading {recipe.args.model}"
     # policy.load_model logs the start and the end; the live line shows the wait in between
-    with progress.phase(f"Loading {recipe.args.model}", enabled=shown, announce=False, summary=""):
+    with progress.phase(label, enabled=shown, announce=False, summary=""):
         return _build_trainer(recipe, rewards, data)
 
 
@@ -264,8 +267,7 @@ def _run(recipe: Recipe, rewards: list[Callable], data: RecipeData, out: Path) -
 
     start = time.perf_counter()
     held_out = data.held_out
-    shown = not recipe.config.disable_tqdm and distributed.is_main_process()
-    trainer = _load(recipe, rewards, data, shown)
+    trainer = _load(recipe, rewards, data)
     out.mkdir(parents=True, exist_ok=True)
     eval_fn = _eval_reward(recipe, rewards)
     evaluation: dict[str, Any] = {
@@ -281,7 +283,7 @@ def _run(recipe: Recipe, rewards: list[Callable], data: RecipeData, out: Path) -
     except ResumeRefused as err:  # what only the built trainer sees (rewards, LoRA): one line
         raise RecipeError(one_line(err)) from err
     evaluation["train_seconds"] = round(time.perf_counter() - t0, 1)
-    with progress.phase(f"Saving the model to {out}", enabled=shown):
+    with trainer_phase(trainer, f"Saving the model to {out}"):
         trainer.save_model(str(out))
     if held_out is not None:
         evaluation["after"] = _evaluate(trainer, held_out, eval_fn, recipe, "eval after training")
@@ -292,7 +294,7 @@ def _run(recipe: Recipe, rewards: list[Callable], data: RecipeData, out: Path) -
         plot_reward_curve(out)
         write_model_card(out)
         if recipe.args.report:
-            with progress.phase("Writing report.html", enabled=shown):
+            with trainer_phase(trainer, "Writing report.html"):
                 write_report(out)
     evaluation["total_seconds"] = round(time.perf_counter() - start, 1)
     return evaluation

@@ -147,10 +147,21 @@ class SyncRefModelCallback(TrainerCallback):
             mix_reference(self.ref_model, model, self.alpha)
 
 
+def _progress_callback(trainer: Any) -> RunProgressCallback | None:
+    """The trainer's progress callback on the main process with progress on, else None."""
+    bars = [c for c in trainer.callback_handler.callbacks if isinstance(c, RunProgressCallback)]
+    return bars[0] if bars and trainer.is_world_process_zero() else None
+
+
 def evaluation_progress(trainer: Any, label: str, total: int | None):
     """A context yielding `advance(prompts)` that moves an evaluation task on the progress board
     (on the main process with progress on: `disable_tqdm=False`), else a no-op."""
-    bars = [c for c in trainer.callback_handler.callbacks if isinstance(c, RunProgressCallback)]
-    if not bars or not trainer.is_world_process_zero():
-        return nullcontext(lambda n: None)
-    return bars[0].evaluation(label, total)
+    shown = _progress_callback(trainer)
+    return nullcontext(lambda n: None) if shown is None else shown.evaluation(label, total)
+
+
+def trainer_phase(trainer: Any, label: str):
+    """A context showing one phase of the trainer's run (saving, writing the report) on the
+    progress board as `progress.phase` does; nothing when progress is off."""
+    shown = _progress_callback(trainer)
+    return progress.phase(label, enabled=shown is not None)

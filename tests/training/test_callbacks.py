@@ -1,5 +1,5 @@
 """The trainer's progress callback: step, reward, s/step and time left on the board; there unless
-`disable_tqdm=True`."""
+`disable_tqdm=True`, and with it the trainer's other phases (saving, the report)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,11 @@ from types import SimpleNamespace
 from conftest import make_trainer
 from rich.console import Console
 
-from grpo_plugin.training.callbacks import RunProgressCallback, evaluation_progress
+from grpo_plugin.training.callbacks import (
+    RunProgressCallback,
+    evaluation_progress,
+    trainer_phase,
+)
 from grpo_plugin.training.progress import ProgressBoard
 
 
@@ -48,7 +52,7 @@ def test_other_processes_show_nothing():
     assert out.getvalue() == ""
 
 
-def test_the_callback_is_there_unless_disable_tqdm(tiny_tokenizer, tmp_path):
+def test_the_callback_is_there_unless_disable_tqdm(tiny_tokenizer, tmp_path, capsys):
     def progress_callbacks(trainer):
         return [c for c in trainer.callback_handler.callbacks if isinstance(c, RunProgressCallback)]
 
@@ -58,3 +62,9 @@ def test_the_callback_is_there_unless_disable_tqdm(tiny_tokenizer, tmp_path):
     assert progress_callbacks(off) == []
     with evaluation_progress(off, "eval", 4) as advance:  # a no-op, not an error
         advance(4)
+    with trainer_phase(off, "Saving the model"):
+        pass
+    assert "Saving the model" not in capsys.readouterr().err
+    with trainer_phase(shown, "Saving the model"):
+        pass
+    assert "Saving the model: done in " in capsys.readouterr().err  # stderr is not a terminal
