@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 _warned: set[str] = set()
 
@@ -12,3 +13,21 @@ def warn_once(key: str, message: str, logger: logging.Logger | None = None) -> N
     if key not in _warned:
         _warned.add(key)
         (logger or logging.getLogger("grpo_plugin")).warning(message)
+
+
+class CurrentStderrHandler(logging.StreamHandler):
+    """A handler that writes to whatever `sys.stderr` is when a record is emitted. While a live
+    progress display runs (`training/progress.py`), rich swaps `sys.stderr` for a proxy that
+    prints above the live lines; a plain `StreamHandler` keeps the original stream and would
+    write through them."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):  # noqa: D102
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass  # always the current sys.stderr

@@ -1,9 +1,11 @@
-"""The `grpo-plugin` command: `train`, `eval`, `rewards`, `recipes`, `publish`, `export`. Parsing
-only:
-the work is done by `grpo_plugin.app` (nothing in the library imports this module).
+"""The `grpo-plugin` command: parsing, dispatch and printing only; the work is done by
+`grpo_plugin.app` (nothing in the library imports this module; the arguments: `app/arguments.py`).
 
     grpo-plugin train RECIPE.yaml|NAME [--key value ...] [--dry-run]
     grpo-plugin eval --model M [--adapter DIR] --dataset D --reward R [--k 8] [--tool T ...]
+    grpo-plugin chat RUN_DIR [--sample] [--system TEXT]       (a conversation; piped: per line)
+    grpo-plugin generate RUN_DIR "What is 17 + 25?" [--sample]
+    grpo-plugin report RUN_DIR [--out FILE.html]
     grpo-plugin rewards
     grpo-plugin recipes
     grpo-plugin publish OUTPUT_DIR --repo-id USER/NAME
@@ -32,10 +34,9 @@ from ._compat import quiet_bnb_kernel_warnings  # noqa: E402
 
 quiet_bnb_kernel_warnings()  # before anything imports bitsandbytes
 
+from .app import arguments  # noqa: E402
 from .app.recipe import RecipeError, load_recipe, one_line, recipe_parser  # noqa: E402
 from .app.recipe_checks import check_recipe  # noqa: E402
-from .rollout.chat_tools import DEFAULT_TOOL_TEMPLATE  # noqa: E402
-from .rollout.multiturn import DEFAULT_MAX_TOOL_RESULT_CHARS, DEFAULT_TOOL_TIMEOUT_S  # noqa: E402
 
 EXIT_BAD_RECIPE = 2
 
@@ -52,7 +53,11 @@ def quiet_logs() -> None:
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
     huggingface_hub.utils.disable_progress_bars()
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    from ._logging import CurrentStderrHandler
+
+    logging.basicConfig(
+        level=logging.WARNING, format="%(message)s", handlers=[CurrentStderrHandler()]
+    )
     logging.getLogger("grpo_plugin").setLevel(logging.INFO)
     logging.getLogger("reward_fns").setLevel(logging.INFO)  # e.g. the sandbox's isolation line
     for name in ("bitsandbytes", "bitsandbytes.backends.cpu.ops", "peft", "accelerate"):
@@ -67,6 +72,9 @@ def fail(message: str, code: int = EXIT_BAD_RECIPE) -> int:
 # ----------------------------------------------------------------------------- train
 
 
+_BOOL_WORDS = ("true", "false", "yes", "no", "1", "0", "t", "f", "y", "n")
+
+
 def resume_command(argv: Sequence[str]) -> str:
     """The `train` command line that resumes the run `argv` started."""
     kept, skip = [], 0
@@ -75,7 +83,9 @@ def resume_command(argv: Sequence[str]) -> str:
             skip -= 1
             continue
         name = arg.split("=", 1)[0]
-        if name == "--overwrite_output_dir":
+        if name == "--overwrite_output_dir":  # a bare flag, or followed by its value
+            following = argv[i + 1].lower() if i + 1 < len(argv) else ""
+            skip = 1 if "=" not in arg and following in _BOOL_WORDS else 0
             continue
         if name == "--resume_from_checkpoint":
             skip = 0 if "=" in arg or i + 1 == len(argv) else 1
@@ -144,7 +154,11 @@ def cmd_train(argv: Sequence[str]) -> int:
     from .training.distributed import is_main_process
 
     if is_main_process():  # under `accelerate launch`, one summary, not one per process
-        print("\n".join(summary_lines(evaluation, Path(recipe.config.output_dir))))
+        from .app.chat import example_question
+
+        question = example_question(data.held_out if data.held_out is not None else data.train)
+        out = Path(recipe.config.output_dir)
+        print("\n".join(summary_lines(evaluation, out, question)))
     return 0
 
 
@@ -180,40 +194,59 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _eval_parser(sub) -> None:
-    p = sub.add_parser("eval", help="greedy accuracy and pass@k on a held-out set")
-    p.add_argument("--model", default=None, help="embedded:smollm2-135m-instruct, a dir or Hub id")
-    p.add_argument("--adapter", default=None, help="a LoRA adapter dir (e.g. a train output_dir)")
-    p.add_argument("--dataset", required=True, help="arithmetic | gsm8k | FILE | '{name: ...}'")
-    p.add_argument("--reward", required=True, help="a reward name (see `grpo-plugin rewards`)")
-    p.add_argument("--k", type=int, default=8, help="pass@k with the unbiased estimator; 0 = off")
-    p.add_argument("--eval-size", type=int, default=None, help="evaluate on the first N prompts")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--load-in-4bit", action="store_true")
-    p.add_argument("--output", default=None, help="also write the result JSON here")
-    p.add_argument(
-        "--tool",
-        action="append",
-        default=None,
-        help="a tool the model may call: python, module:function or file.py:function (repeat)",
-    )
-    p.add_argument(
-        "--tool-chat-template", default=DEFAULT_TOOL_TEMPLATE, help="auto | chatml | model"
-    )
-    p.add_argument("--max-tool-calling-iterations", type=int, default=None)
-    p.add_argument(
-        "--tool-timeout",
-        type=float,
-        default=DEFAULT_TOOL_TIMEOUT_S,
-        help="seconds per round of calls",
-    )
-    p.add_argument(
-        "--max-tool-result-length",
-        type=int,
-        default=DEFAULT_MAX_TOOL_RESULT_CHARS,
-        help="characters",
-    )
+# ----------------------------------------------------------------------------- chat, generate
+
+
+def _typed_lines(prompt: str = "> "):
+    """What the person types, line by line, until Ctrl-D."""
+    while True:
+        try:
+            yield input(prompt)
+        except EOFError:
+            print()
+            return
+
+
+def cmd_answer(args: argparse.Namespace) -> int:
+    """`chat` and `generate`: the run's model answers."""
+    from .app.chat import ChatOptions, converse, open_chat
+    from .models import EmbeddedModelMissing
+
+    if args.command == "generate" and not args.prompt.strip():
+        return fail(
+            'PROMPT is empty; ask something, e.g. grpo-plugin generate RUN "What is 2 + 3?"'
+        )
+    options = ChatOptions(args.sample, args.max_new_tokens, args.system, args.seed)
+    try:
+        chat = open_chat(args.run_dir, options, args.command)
+    except (RecipeError, EmbeddedModelMissing) as err:
+        return fail(str(err))
+    if args.command == "generate":
+        print(chat.answer(args.prompt))
+        return 0
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print("Type a message (/reset: a new conversation; /exit or Ctrl-D: quit).")
+    lines = _typed_lines() if interactive else sys.stdin
+    try:
+        converse(chat, lines, lambda text: print(text, flush=True), interactive)
+    except KeyboardInterrupt:
+        print()
+        return 128 + signal.SIGINT
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .training.publish.report import ReportError, write_report
+
+    try:
+        path = write_report(args.run_dir, args.out)
+    except ReportError as err:
+        return fail(str(err))
+    except OSError as err:  # the disk: nothing is left under the final name
+        return fail(str(err), code=1)
+    print(f"Wrote {path} (open it in a browser; it needs no server)")
+    return 0
 
 
 # ----------------------------------------------------------------------------- main
@@ -226,24 +259,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="train from a recipe YAML", add_help=False)
     train.add_argument("rest", nargs=argparse.REMAINDER)
-    _eval_parser(sub)
+    arguments.add_eval_arguments(sub)
+    arguments.add_chat_arguments(sub)
+    arguments.add_generate_arguments(sub)
+    arguments.add_report_arguments(sub)
     sub.add_parser("rewards", help="list the reward registry")
     sub.add_parser("recipes", help="list the built-in recipes (`grpo-plugin train NAME`)")
-    add_publish_arguments(sub.add_parser("publish", help="upload a run to the Hugging Face Hub"))
-    _export_parser(sub)
+    publish = sub.add_parser("publish", help="upload a run to the Hugging Face Hub")
+    arguments.add_publish_arguments(publish)
+    arguments.add_export_arguments(sub)
     return parser
-
-
-def _export_parser(sub) -> None:
-    from .training.publish.gguf import QUANT_TYPES
-
-    p = sub.add_parser("export", help="write a run as a GGUF (llama.cpp, Ollama) + a Modelfile")
-    p.add_argument("run_dir", help="a training run's output dir (or a checkpoint-N dir)")
-    p.add_argument("--gguf", required=True, metavar="TYPE", help=f"one of {', '.join(QUANT_TYPES)}")
-    p.add_argument(
-        "--out", default=None, help="the .gguf to write (default: RUN_DIR/NAME-TYPE.gguf)"
-    )
-    p.add_argument("--overwrite", action="store_true", help="replace an existing GGUF / Modelfile")
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -259,24 +284,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     print(f"Wrote {paths.gguf} ({size:.1f} MiB) and {paths.modelfile}")
     print(f"Run it: llama-cli -m {paths.gguf}  |  ollama create NAME -f {paths.modelfile}")
     return 0
-
-
-def add_publish_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Arguments of `grpo-plugin publish`; dispatch the parsed args to `publish_from_args`."""
-    parser.add_argument("output_dir", help="a training run's output dir (or a checkpoint-N dir)")
-    parser.add_argument("--repo-id", required=True, help="USER/NAME or ORG/NAME on the Hub")
-    parser.add_argument("--private", action="store_true", help="create the repo as private")
-    parser.add_argument(
-        "--merge", action="store_true", help="upload full weights: the adapter merged into the base"
-    )
-    parser.add_argument("--revision", default=None, help="branch to commit to (created if needed)")
-    parser.add_argument("--commit-message", default=None)
-    parser.add_argument("--include-checkpoints", action="store_true")
-    parser.add_argument("--include-completions", action="store_true")
-    parser.add_argument(
-        "--gguf", default=None, metavar="TYPE", help="also upload a GGUF (f16, q8_0, ...)"
-    )
-    return parser
 
 
 def publish_from_args(args: argparse.Namespace) -> int:
@@ -330,6 +337,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_eval(args)
     if args.command == "export":
         return cmd_export(args)
+    if args.command in ("chat", "generate"):
+        return cmd_answer(args)
+    if args.command == "report":
+        return cmd_report(args)
     return publish_from_args(args)
 
 

@@ -21,6 +21,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -110,17 +111,24 @@ def embedded_gguf_path() -> Path:
     )
 
 
+def embedded_converted() -> bool:
+    """Whether the safetensors copy is in the cache (no conversion to wait for)."""
+    return (embedded_cache_path() / _DONE_MARKER).is_file()
+
+
 def ensure_embedded_converted() -> Path:
     """Return the cached safetensors dir of the embedded model, converting the GGUF if needed."""
     target = embedded_cache_path()
-    if (target / _DONE_MARKER).is_file():
+    if embedded_converted():
         return target
     gguf = embedded_gguf_path()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{_CACHE_SUBDIR}-", dir=target.parent))
     try:
         logger.info("Converting %s to safetensors under %s (first use only)", gguf.name, target)
+        start = time.perf_counter()
         _convert_gguf(gguf, tmp)
+        logger.info("Converted %s in %.1f s", gguf.name, time.perf_counter() - start)
         (tmp / _DONE_MARKER).write_text(f"{EMBEDDED_HUB_ID} from {gguf.name}\n")
         tmp.chmod(0o755)  # mkdtemp makes it owner-only
         if target.exists():  # a stale, unmarked directory from an older layout

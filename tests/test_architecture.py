@@ -118,7 +118,8 @@ TRAINING_ROOMS: list[tuple[str, set[str], str]] = [
         {"cpu_memory", "distributed", "metrics", "rewards"},
         "the run dir, checkpoints, resume, RunState",
     ),
-    ("callbacks", {"policy", "run"}, "progress, metrics.jsonl, reference syncing"),
+    ("progress", set(), "what a person sees while a run works: live lines or plain ones"),
+    ("callbacks", {"policy", "progress", "run"}, "progress, metrics.jsonl, reference syncing"),
     ("objective", {"distributed", "policy", "run"}, "advantages, the loss and its extras"),
     (
         "evaluation",

@@ -1,4 +1,4 @@
-"""The wheel: every module, the built-in recipes and the licence travel with it."""
+"""The wheel: every module, the report's page, the built-in recipes and the licence travel with it."""
 
 from __future__ import annotations
 
@@ -28,6 +28,13 @@ def test_wheel_holds_every_module(wheel):
         for source in (REPO_ROOT / package).rglob("*.py"):
             if "__pycache__" not in source.parts:
                 assert source.relative_to(REPO_ROOT).as_posix() in names, source
+
+
+def test_wheel_holds_the_report_page(wheel):
+    """report.html is built from a page that is not a module: it must travel too."""
+    page = "grpo_plugin/training/publish/report_page.html"
+    assert page in set(wheel.namelist())
+    assert wheel.read(page) == (REPO_ROOT / page).read_bytes()
 
 
 def test_wheel_holds_the_recipes_and_the_license(wheel):

@@ -4,7 +4,10 @@
     -> build the trainer -> evaluate (before; written to eval.json at once, so a resumed run
     reuses it) -> train (evaluating on its schedule; resumable) -> save -> evaluate (after)
     -> eval.json (before, after, the curve of every evaluation, the best step, reward-hacking
-    alarms), recipe.yaml, reward_curve.png, README.md (the model card)
+    alarms), recipe.yaml, reward_curve.png, README.md (the model card), report.html
+
+Each phase a person waits for is a task on the progress board (`training/progress.py`): a live
+line in a terminal, plain lines in a log; `disable_tqdm: true` turns them off.
 
 Python users call `run_recipe("arithmetic", ["--max_steps", "8"])` (a built-in recipe name or a
 YAML path, plus the same flags as the CLI); the CLI only parses arguments and prints.
@@ -13,6 +16,7 @@ YAML path, plus the same flags as the CLI); the CLI only parses arguments and pr
 from __future__ import annotations
 
 import logging
+import shlex
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,8 +27,8 @@ import yaml
 
 import reward_fns
 
-from ..training import distributed, inputs
-from ..training.callbacks import evaluation_progress
+from ..training import distributed, inputs, progress
+from ..training.callbacks import evaluation_progress, trainer_phase
 from ..training.run import lock as run_lock
 from ..training.run import rundir
 from ..training.run.resume import ResumeRefused
@@ -160,13 +164,26 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
-def summary_lines(evaluation: dict[str, Any], out: Path) -> list[str]:
-    """What the CLI prints at the end of a run."""
+def try_it_lines(out: Path, question: str | None = None) -> list[str]:
+    """How to look at the run: the report, and the commands that talk to the trained model."""
+    lines = []
+    if (out / rundir.REPORT_FILE).is_file():
+        lines.append(f"Report (open it in a browser): {out / rundir.REPORT_FILE}")
+    run = shlex.quote(str(out))
+    lines.append(f"Talk to the model: grpo-plugin chat {run}")
+    ask = shlex.quote(question or "your question")
+    lines.append(f"One answer: grpo-plugin generate {run} {ask}")
+    return lines
+
+
+def summary_lines(evaluation: dict[str, Any], out: Path, question: str | None = None) -> list[str]:
+    """What the CLI prints at the end of a run (`question`: an example for `generate`)."""
     train_min = evaluation.get("train_seconds", 0) / 60
     total_min = evaluation.get("total_seconds", 0) / 60
     before, after = evaluation.get("before") or {}, evaluation.get("after") or {}
     if not after:
-        return [f"Trained in {train_min:.1f} min (no held-out set to evaluate). Outputs: {out}"]
+        done = f"Trained in {train_min:.1f} min (no held-out set to evaluate). Outputs: {out}"
+        return [done, *try_it_lines(out, question)]
     lines = [
         f"Held-out greedy accuracy (n={after.get('n', '?')}, {evaluation['reward']}): "
         f"{_pct(before.get('accuracy'))} -> {_pct(after.get('accuracy'))}"
@@ -188,7 +205,7 @@ def summary_lines(evaluation: dict[str, Any], out: Path) -> list[str]:
         )
     lines += [f"Warning: {alarm['message']}" for alarm in evaluation.get("alarms", [])[:1]]
     lines.append(f"Training {train_min:.1f} min; total {total_min:.1f} min. Outputs: {out}")
-    return lines
+    return lines + try_it_lines(out, question)
 
 
 def train_recipe(
@@ -214,6 +231,7 @@ def train_recipe(
     try:
         return _run(recipe, rewards, data, out)
     finally:
+        progress.close()  # after an error no live line stays on screen
         if main:
             run_lock.release(out)
 
@@ -237,13 +255,25 @@ def _before(trainer, recipe: Recipe, data: RecipeData, eval_fn: Callable, out: P
     return before
 
 
+def _load(recipe: Recipe, rewards: list[Callable], data: RecipeData):
+    """The trainer, its model loaded, shown as a phase (before the trainer and its callbacks
+    exist; later phases go through them). A first use of the embedded model converts it earlier,
+    in preflight, under transformers' own bar and `models.py`'s log lines."""
+    shown = not recipe.config.disable_tqdm and distributed.is_main_process()
+    label = f"Loading {recipe.args.model}"
+    # policy.load_model logs the start and the end; the live line shows the wait in between
+    with progress.phase(label, enabled=shown, announce=False, summary=""):
+        return _build_trainer(recipe, rewards, data)
+
+
 def _run(recipe: Recipe, rewards: list[Callable], data: RecipeData, out: Path) -> dict[str, Any]:
     from ..training.publish.card import write_model_card
     from ..training.publish.plot import plot_reward_curve
+    from ..training.publish.report import write_report
 
     start = time.perf_counter()
     held_out = data.held_out
-    trainer = _build_trainer(recipe, rewards, data)
+    trainer = _load(recipe, rewards, data)
     out.mkdir(parents=True, exist_ok=True)
     eval_fn = _eval_reward(recipe, rewards)
     evaluation: dict[str, Any] = {
@@ -259,7 +289,8 @@ def _run(recipe: Recipe, rewards: list[Callable], data: RecipeData, out: Path) -
     except ResumeRefused as err:  # what only the built trainer sees (rewards, LoRA): one line
         raise RecipeError(one_line(err)) from err
     evaluation["train_seconds"] = round(time.perf_counter() - t0, 1)
-    trainer.save_model(str(out))
+    with trainer_phase(trainer, f"Saving the model to {out}"):
+        trainer.save_model(str(out))
     if held_out is not None:
         evaluation["after"] = _evaluate(trainer, held_out, eval_fn, recipe, "eval after training")
     evaluation.update(training_evaluations(trainer, evaluation))
@@ -268,6 +299,9 @@ def _run(recipe: Recipe, rewards: list[Callable], data: RecipeData, out: Path) -
         write_recipe_copy(recipe, out, trainer.resume_plan.phases)
         plot_reward_curve(out)
         write_model_card(out)
+        if recipe.args.report:
+            with trainer_phase(trainer, "Writing report.html"):
+                write_report(out)
     evaluation["total_seconds"] = round(time.perf_counter() - start, 1)
     return evaluation
 

@@ -87,6 +87,13 @@ class RecipeArguments:
             "columns; returns {name: number}, logged as eval_<name>."
         },
     )
+    report: bool = field(
+        default=True,
+        metadata={
+            "help": "Write report.html at the end: the curve, the evaluations and every logged "
+            "completion by step and group (`grpo-plugin report RUN_DIR` writes it any time)."
+        },
+    )
     tools: list[str] | None = field(
         default=None,
         metadata={
@@ -291,8 +298,10 @@ def build_recipe(raw: dict[str, Any], source: str | None = None) -> Recipe:
         raw = coerce_values(raw, fields, skip=("reward_funcs", *DICT_FIELDS))
     except ValueError as err:
         raise RecipeError(one_line(err)) from err
-    try:
-        args, config = recipe_parser().parse_dict(raw, allow_extra_keys=False)
+    try:  # the progress lines are on unless the recipe turns them off (disable_tqdm: true);
+        # transformers' default follows its log level, which the CLI sets to errors only
+        defaults = {"disable_tqdm": False}
+        args, config = recipe_parser().parse_dict({**defaults, **raw}, allow_extra_keys=False)
     except (ValueError, TypeError) as err:
         raise RecipeError(one_line(err)) from err
     if args.dataset is None:

@@ -1,9 +1,10 @@
-"""Trainer callbacks: one rich progress bar and `metrics.jsonl`; TR-DPO reference syncing.
+"""Trainer callbacks: the run's progress and `metrics.jsonl`; TR-DPO reference syncing.
 
-The Trainer's own tqdm bar and its dict-printing callback are replaced by `RichProgressCallback`,
-which shows step, reward, KL and seconds per step on a single line, and a second line with the
-prompts evaluated while a held-out set is evaluated (during training, and before and after it in
-the recipe pipeline).
+The Trainer's own tqdm bar and its dict-printing callback are replaced by `RunProgressCallback`:
+training as one task on the process's progress board (`progress.py`: a live line in a terminal,
+plain lines elsewhere) with the step, the reward (and KL when logged), seconds per step and the
+time left, and one more task while a held-out set is evaluated (during training, and before and
+after it in the recipe pipeline). It is there unless `disable_tqdm=True`, as the Trainer's bar.
 """
 
 from __future__ import annotations
@@ -16,16 +17,18 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+from . import progress
+from .progress import ProgressBoard, format_duration
 from .run.rundir import append_metrics
 
 
 def replace_default_callbacks(trainer: Any) -> None:
-    """The Trainer's printer and tqdm bar out; metrics.jsonl and the rich progress bar in."""
+    """The Trainer's printer and tqdm bar out; metrics.jsonl and the run's progress in."""
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(MetricsJsonlCallback())
     if not trainer.args.disable_tqdm:
-        trainer.add_callback(RichProgressCallback())
+        trainer.add_callback(RunProgressCallback())
 
 
 class MetricsJsonlCallback(TrainerCallback):
@@ -36,86 +39,82 @@ class MetricsJsonlCallback(TrainerCallback):
             append_metrics(args.output_dir, state.global_step, logs)
 
 
-class RichProgressCallback(TrainerCallback):
-    """One progress bar per run: step, mean reward, KL and seconds per optimizer step."""
+class RunProgressCallback(TrainerCallback):
+    """Training as one task: step, mean reward (KL, held-out accuracy when logged), seconds per
+    optimizer step and the time left at the mean pace of this session's steps."""
 
-    def __init__(self) -> None:
-        self.progress = None
-        self.task = None
-        self._last = 0.0
-        # Preformatted strings: KL stays "-" when beta == 0 (no reference, nothing to show).
-        self._fields = {"reward": "-", "kl": "-", "sps": "-"}
+    LOGGED = (
+        ("reward", "reward {:.3f}"),
+        ("kl", "kl {:.4f}"),
+        ("eval_accuracy", "eval accuracy {:.3f}"),
+    )
+
+    def __init__(self, board: ProgressBoard | None = None) -> None:
+        self.board = board
+        self.task: progress.Task | None = None
+        self._fields: dict[str, str] = {}
+        self._first_step = 0
+        self._begin = self._last = 0.0
 
     def on_train_begin(self, args, state, control, **kwargs):
         if not state.is_world_process_zero:
             return
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
-        self.progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[status]}"),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-        )
-        self.progress.start()
-        self.task = self.progress.add_task("GRPO", total=state.max_steps, status=self._status())
-        self.progress.update(self.task, completed=state.global_step)
-        self._last = time.perf_counter()
+        if self.task is not None:  # a previous train() that raised: its line goes
+            self.task.finish("")
+        self.board = self.board or progress.board()
+        self._first_step, self._fields = state.global_step, {}
+        self._begin = self._last = time.monotonic()
+        self.task = self.board.task("Training: step", state.max_steps, self._status(state))
+        self.task.update(completed=state.global_step)
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.progress is None:
+        if self.task is None:
             return
-        now = time.perf_counter()
-        self._fields["sps"] = f"{now - self._last:.1f}"
+        now = time.monotonic()
+        self._fields["s/step"] = f"{now - self._last:.1f} s/step"
         self._last = now
-        self.progress.update(self.task, completed=state.global_step, status=self._status())
+        self.task.update(completed=state.global_step, status=self._status(state))
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if self.progress is None or not logs:
+        if self.task is None or not logs:
             return
-        for key, fmt in (("reward", "{:.3f}"), ("kl", "{:.4f}")):
+        for key, fmt in self.LOGGED:
             if logs.get(key) is not None:
                 self._fields[key] = fmt.format(logs[key])
-        self.progress.update(self.task, status=self._status())
+        self.task.update(status=self._status(state))
 
-    def _status(self) -> str:
-        f = self._fields
-        return f"reward {f['reward']}  kl {f['kl']}  {f['sps']} s/step"
+    def _status(self, state) -> str:
+        parts = [self._fields[key] for key, _ in self.LOGGED if key in self._fields]
+        parts += [self._fields["s/step"]] if "s/step" in self._fields else []
+        done = state.global_step - self._first_step
+        if 0 < done and state.global_step < state.max_steps:
+            pace = (time.monotonic() - self._begin) / done
+            parts.append(f"{format_duration(pace * (state.max_steps - state.global_step))} left")
+        return ", ".join(parts)
 
     @contextmanager
     def evaluation(self, label: str, total: int | None) -> Iterator[Callable[[int], None]]:
-        """A line "label n/total" while a held-out set is evaluated; yields `advance(prompts)`.
-        On the training bar while it is live (evaluation during training), else on its own."""
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-        own = None
-        if self.progress is None:
-            columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn())
-            own = Progress(*columns, console=Console(stderr=True), transient=True)
-            own.start()
-        bar = own or self.progress
-        task = bar.add_task(label, total=total, status="")
+        """A task "label n/total prompts" while a held-out set is evaluated; yields
+        `advance(prompts)`. It leaves "label: n prompts in 12.3 s" behind."""
+        board = self.board or progress.board()
+        task = board.task(label, total, unit=" prompts")
         try:
-            yield lambda n: bar.advance(task, n)
-        finally:
-            bar.remove_task(task)
-            if own is not None:
-                own.stop()
+            yield task.advance
+        except BaseException:
+            task.finish("")
+            raise
+        task.finish(f"{label}: {task.completed} prompts in {task.elapsed:.1f} s")
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self.progress is not None:
-            self.progress.stop()
-            self.progress = None
+        if self.task is not None:
+            steps = state.global_step - self._first_step
+            took = format_duration(time.monotonic() - self._begin)
+            self.task.update(completed=state.global_step, status=self._status(state))
+            self.task.finish(
+                f"Training: step {state.global_step}/{state.max_steps} ({steps} "
+                f"steps in {took}), {self._status(state)}".rstrip(", ")
+            )
+            self.task = None
 
 
 class SyncRefModelCallback(TrainerCallback):
@@ -148,10 +147,21 @@ class SyncRefModelCallback(TrainerCallback):
             mix_reference(self.ref_model, model, self.alpha)
 
 
+def _progress_callback(trainer: Any) -> RunProgressCallback | None:
+    """The trainer's progress callback on the main process with progress on, else None."""
+    bars = [c for c in trainer.callback_handler.callbacks if isinstance(c, RunProgressCallback)]
+    return bars[0] if bars and trainer.is_world_process_zero() else None
+
+
 def evaluation_progress(trainer: Any, label: str, total: int | None):
-    """A context yielding `advance(prompts)` that moves an evaluation line on the trainer's rich
-    progress bar (on the main process with progress bars on), else a no-op."""
-    bars = [c for c in trainer.callback_handler.callbacks if isinstance(c, RichProgressCallback)]
-    if not bars or not trainer.is_world_process_zero():
-        return nullcontext(lambda n: None)
-    return bars[0].evaluation(label, total)
+    """A context yielding `advance(prompts)` that moves an evaluation task on the progress board
+    (on the main process with progress on: `disable_tqdm=False`), else a no-op."""
+    shown = _progress_callback(trainer)
+    return nullcontext(lambda n: None) if shown is None else shown.evaluation(label, total)
+
+
+def trainer_phase(trainer: Any, label: str):
+    """A context showing one phase of the trainer's run (saving, writing the report) on the
+    progress board as `progress.phase` does; nothing when progress is off."""
+    shown = _progress_callback(trainer)
+    return progress.phase(label, enabled=shown is not None)

@@ -274,3 +274,17 @@ def test_export_bad_input_one_line(full_run, capsys, flags, expected):
 def test_export_of_a_dir_without_weights(tmp_path, capsys):
     assert cli.main(["export", str(tmp_path), "--gguf", "f16"]) == 2
     assert "holds no adapter and no full model" in _one_error_line(capsys)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--overwrite_output_dir"],
+        ["--overwrite_output_dir", "true"],
+        ["--overwrite_output_dir=true"],
+        ["--overwrite_output_dir", "True", "--resume_from_checkpoint", "false"],
+    ],
+)
+def test_the_resume_command_drops_overwrite_and_its_value(flags):
+    command = cli.resume_command(["r.yaml", *flags, "--max_steps", "8"])
+    assert command == "grpo-plugin train r.yaml --max_steps 8 --resume_from_checkpoint true"

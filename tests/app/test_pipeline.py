@@ -52,7 +52,12 @@ def test_cli_names_hub_datasets_in_the_run_summary_and_the_card(
     card = ModelCard.load(out / "README.md")
     assert card.data.datasets == ["openai/gsm8k"]
     assert "Training prompts: `openai/gsm8k`" in card.text
-    assert "Held-out greedy accuracy" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "Held-out greedy accuracy" in printed
+    # the end names what to look at and how to talk to the model, with a question of its data
+    assert f"Report (open it in a browser): {out / 'report.html'}" in printed
+    assert f"Talk to the model: grpo-plugin chat {out}" in printed
+    assert f"One answer: grpo-plugin generate {out} 'What is " in printed
 
 
 def test_run_recipe_writes_every_run_file(tiny_model_dir, tmp_path):
@@ -60,10 +65,14 @@ def test_run_recipe_writes_every_run_file(tiny_model_dir, tmp_path):
     result = run_recipe(str(path), ["--seed", "3"])
     assert result["dataset"] == "arithmetic" and result["reward"] == "last_integer"
     assert result["before"]["n"] == result["after"]["n"] == 4
-    for name in ("grpo_run.json", "eval.json", "recipe.yaml", "reward_curve.png", "README.md"):
+    names = ("grpo_run.json", "eval.json", "recipe.yaml", "reward_curve.png", "README.md")
+    for name in (*names, "report.html"):
         assert (out / name).is_file(), name
     assert "seed: 3" in (out / "recipe.yaml").read_text()
-    assert json.loads((out / "grpo_run.json").read_text())["datasets"] == []  # local data
+    summary = json.loads((out / "grpo_run.json").read_text())
+    assert summary["datasets"] == []  # local data
+    assert summary["sampling"]["temperature"] == 1.0  # what `chat --sample` samples with
+    assert summary["sampling"]["max_completion_length"] == 4
 
 
 def test_builtin_recipes_are_found_by_name_and_listed(capsys):

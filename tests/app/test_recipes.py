@@ -226,3 +226,19 @@ def test_a_reward_file_next_to_the_recipe(tmp_path, monkeypatch, spec):
     path.write_text("dataset: {name: arithmetic}\nreward_funcs: ['fr_nope:lenrew']\n")
     with pytest.raises(RecipeError, match=r"cannot import 'fr_nope'; tried .*PYTHONPATH"):
         check_recipe(load_recipe(path))
+
+
+def test_progress_is_on_unless_the_recipe_turns_it_off():
+    """The CLI sets transformers' log level to errors, and transformers then turns `disable_tqdm`
+    on by itself (its default follows the log level): the bar nobody asked to hide was hidden."""
+    import transformers
+
+    level = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # as cli.quiet_logs
+    try:
+        shown = load_recipe(None, ["--dataset.name", "arithmetic"])
+        hidden = load_recipe(None, ["--dataset.name", "arithmetic", "--disable_tqdm", "true"])
+    finally:
+        transformers.logging.set_verbosity(level)
+    assert shown.config.disable_tqdm is False and hidden.config.disable_tqdm is True
+    assert "disable_tqdm" not in shown.raw  # recipe.yaml keeps what the user wrote

@@ -226,7 +226,7 @@ def evaluate_trainer(
     """Evaluate every held-out set, log one line, run the callbacks; returns the logged metrics."""
     metrics: dict[str, float] = {}
     for name, dataset in _eval_sets(trainer, eval_dataset).items():
-        label = f"eval {name}".strip()
+        label = f"eval {name} at step {trainer.state.global_step}".replace("  ", " ")
         with evaluation_progress(trainer, label, _size(dataset, trainer.accelerator)) as advance:
             evaluator = SetEvaluator(trainer)
             evaluator.progress = advance

@@ -1,5 +1,6 @@
-"""What a run dir holds (an adapter or full weights) and the one merge path: a LoRA adapter merged
-into a float32 reload of its base (`publish --merge`, `export --gguf`)."""
+"""What a run dir holds (an adapter or full weights), the run's policy loaded for inference
+(`chat`, `generate`), and the one merge path: a LoRA adapter merged into a float32 reload of its
+base (`publish --merge`, `export --gguf`). Every load goes through `policy.py`."""
 
 from __future__ import annotations
 
@@ -72,3 +73,22 @@ def merge_adapter(output_dir: str | Path, target_dir: str | Path) -> Path:
     """`merged_model(output_dir)` saved to `target_dir`."""
     merged_model(output_dir).save_pretrained(target_dir)
     return Path(target_dir)
+
+
+def trained_policy(output_dir: str | Path):
+    """`(model, tokenizer)`: the run's policy as trained, for inference (`grpo-plugin chat`): its
+    base with the LoRA adapter on top (not merged), or the full fine-tune, in `default_dtype()`,
+    in eval mode; and the tokenizer saved with the run (its chat template), else the base's.
+
+    An adapter trained on a 4-bit base goes on the unquantised base, as `merged_model` does."""
+    from ..policy import load_adapter, load_policy, load_tokenizer
+
+    path = Path(output_dir)
+    if model_kind(path) == "adapter":
+        model, tokenizer = load_policy(base_model_ref(path))
+        model = load_adapter(model, path)
+    else:
+        model, tokenizer = load_policy(str(path))
+    if (path / "tokenizer_config.json").is_file():
+        tokenizer = load_tokenizer(model, str(path))
+    return model.eval(), tokenizer

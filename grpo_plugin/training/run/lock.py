@@ -179,21 +179,33 @@ def release(output_dir: str | Path) -> None:
         del _HELD[key]
 
 
-def check_not_in_use(output_dir: str | Path) -> None:
-    """Raise `OutputDirInUse` when another process holds the directory's lock (nothing is taken)."""
+def lock_holder(output_dir: str | Path) -> str | None:
+    """Who holds the directory's lock ("pid 12 on host, started ..."); None when no other process
+    does (nothing is taken)."""
     path = Path(output_dir) / LOCK_FILE
-    if is_claimed(output_dir) or not path.is_file():
-        return
-    fd = os.open(path, os.O_RDONLY)
+    if is_claimed(output_dir):
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:  # no run, or one that just ended
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise OutputDirInUse(
-            f"output_dir {output_dir} is in use by another run ({_read_holder(fd)}); wait for it "
-            "to finish, or choose another output_dir."
-        ) from None
+        return _read_holder(fd)
     finally:
         os.close(fd)
+    return None
+
+
+def check_not_in_use(output_dir: str | Path) -> None:
+    """Raise `OutputDirInUse` when another process holds the directory's lock (nothing is taken)."""
+    holder = lock_holder(output_dir)
+    if holder is not None:
+        raise OutputDirInUse(
+            f"output_dir {output_dir} is in use by another run ({holder}); wait for it "
+            "to finish, or choose another output_dir."
+        )
 
 
 def is_claimed(output_dir: str | Path) -> bool:
@@ -209,6 +221,7 @@ __all__ = [
     "claim",
     "clear_previous_run",
     "is_claimed",
+    "lock_holder",
     "previous_run_files",
     "release",
 ]

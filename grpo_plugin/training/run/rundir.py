@@ -10,10 +10,11 @@
       recipe.yaml          RECIPE_FILE     the recipe as run (recipes)
       reward_curve.png     CURVE_FILE      the training curve
       README.md            CARD_FILE       the model card
+      report.html          REPORT_FILE     the run at a glance (`grpo-plugin report`)
       checkpoint-N/        the Trainer's checkpoints
 
 Writers: the trainer (metrics, completions, run info at save), the recipe pipeline (eval, recipe,
-curve, card). Readers: the card, the plot and `publish`.
+curve, card, report). Readers: the card, the plot, the report, `publish` and `chat`.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ EVAL_FILE = "eval.json"
 RECIPE_FILE = "recipe.yaml"
 CURVE_FILE = "reward_curve.png"
 CARD_FILE = "README.md"
+REPORT_FILE = "report.html"
 ENTROPY_STATE_FILE = "entropy_ctrl_state.json"  # in checkpoint-N/, TRL's name
 RESUME_RECORD_FILE = "grpo_resume.json"  # in checkpoint-N/: what the run is (run/resume.py)
 # run/shared_dir.py: PREFIX + a nonce (+ ".K" from process K), removed once every process read it
@@ -52,6 +54,7 @@ RUN_OUTPUTS = RUN_MARKERS + (
     RECIPE_FILE,
     CURVE_FILE,
     CARD_FILE,
+    REPORT_FILE,
     "adapter_model.safetensors",
     "adapter_config.json",
     "model.safetensors",
@@ -164,6 +167,19 @@ def _lora_summary(model: Any) -> dict[str, Any] | None:
     return {"r": cfg.r, "lora_alpha": cfg.lora_alpha, "target_modules": targets}
 
 
+def _sampling_summary(args: Any) -> dict[str, Any]:
+    """How the run sampled (`grpo-plugin chat --sample` samples the same way)."""
+    return {
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "min_p": args.min_p,
+        "repetition_penalty": args.repetition_penalty,
+        "max_completion_length": args.max_completion_length,
+        "chat_template_kwargs": args.chat_template_kwargs,
+    }
+
+
 def _objective_summary(args: Any) -> dict[str, Any]:
     return {
         "loss_type": args.loss_type,
@@ -214,6 +230,7 @@ def run_summary(
         "global_step": global_step,
         "max_completion_length": args.max_completion_length,
         "temperature": args.temperature,
+        "sampling": _sampling_summary(args),
         "reward_funcs": reward_funcs,
         "datasets": list(dataset_names),
         "lora": lora,
@@ -232,7 +249,9 @@ def write_completions_parquet(path: Path, records: dict[str, list[Any]]) -> Path
         k: [json.dumps(v) if not isinstance(v, (str, int, float, type(None))) else v for v in vals]
         for k, vals in records.items()
     }
-    pq.write_table(pa.table(columns), path)
+    tmp = path.with_name(f".{path.name}.tmp")  # renamed when whole: a reader (the report of a
+    pq.write_table(pa.table(columns), tmp)  # run in progress) never sees half a table
+    os.replace(tmp, path)
     return path
 
 
@@ -243,6 +262,7 @@ __all__ = [
     "EVAL_FILE",
     "METRICS_FILE",
     "RECIPE_FILE",
+    "REPORT_FILE",
     "RUN_INFO_FILE",
     "RUN_MARKERS",
     "RUN_OUTPUTS",

@@ -97,3 +97,21 @@ def test_overwrite_leaves_a_directory_without_a_run_alone(tmp_path):
     run_lock.claim(tmp_path, resume=False, overwrite=True)
     run_lock.release(tmp_path)
     assert (tmp_path / "README.md").read_text() == "a user's own readme"
+
+
+def test_lock_holder_names_another_process_and_only_while_it_holds(tmp_path):
+    out = tmp_path / "run"
+    assert run_lock.lock_holder(tmp_path / "nothing-here") is None
+    proc = _holder(out)
+    try:
+        holder = run_lock.lock_holder(out)
+        assert holder is not None and holder.startswith(f"pid {proc.pid} on ")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert run_lock.lock_holder(out) is None  # a killed holder frees it (the file stays)
+    run_lock.claim(out, resume=False, overwrite=False)
+    try:
+        assert run_lock.lock_holder(out) is None  # this process's own run is no other's
+    finally:
+        run_lock.release(out)
