@@ -148,8 +148,11 @@ def _become_worker(parent_pid: int) -> None:
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent_pid:  # the parent died before the line above
         os._exit(0)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
-    for sig in (signal.SIGTERM, signal.SIGUSR2, signal.SIGALRM):
+    # Ctrl-C and SIGTERM (a terminal's, a scheduler's, sent to the whole process group) are the
+    # trainer's to handle: it stops cleanly, and this process dies with it.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    for sig in (signal.SIGUSR2, signal.SIGALRM):
         signal.signal(sig, signal.SIG_DFL)
     faulthandler.cancel_dump_traceback_later()
     if "torch" in sys.modules:
@@ -332,6 +335,15 @@ def shared_worker() -> UserWorker:
     return _WORKER
 
 
+def _stderr_fd() -> int:
+    """A descriptor for faulthandler's report: stderr's, even where `sys.stderr` was replaced by
+    an object without one (a capture, a progress display)."""
+    for stream in (sys.stderr, sys.__stderr__):
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            return stream.fileno()
+    return 2
+
+
 @contextlib.contextmanager
 def in_process_limit(seconds: float | None) -> Iterator[None]:
     """The last-resort stop for user code that runs in this process: past `seconds` plus
@@ -340,7 +352,7 @@ def in_process_limit(seconds: float | None) -> Iterator[None]:
     if not seconds:
         yield
         return
-    faulthandler.dump_traceback_later(seconds + HARD_STOP_GRACE_S, exit=True)
+    faulthandler.dump_traceback_later(seconds + HARD_STOP_GRACE_S, exit=True, file=_stderr_fd())
     try:
         yield
     finally:

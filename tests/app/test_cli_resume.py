@@ -36,13 +36,25 @@ output_dir: {out}
 # signals its own process when the environment asks, while step FAULT_STEP + 1 is sampled.
 REWARD = """
 import os, signal
+import reward_fns
 
+@reward_fns.in_process  # the signal is for the trainer's process, not the worker's
 def mean_code(prompts, completions, trainer_state, **kw):
     if os.environ.get("FAULT") and trainer_state.global_step == int(os.environ["FAULT_STEP"]):
         for _ in range(2 if os.environ["FAULT"] == "SIGINT2" else 1):  # SIGINT2: a double Ctrl-C
             os.kill(os.getpid(), getattr(signal, os.environ["FAULT"].removesuffix("2")))
+    return score(completions)
+
+
+def score(completions):
     texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
     return [sum(map(ord, t)) / (128 * max(1, len(t))) for t in texts]
+
+
+def group_term(prompts, completions, trainer_state, **kw):  # in the worker process
+    if os.environ.get("FAULT") and trainer_state.global_step == int(os.environ["FAULT_STEP"]):
+        os.killpg(os.getpgrp(), signal.SIGTERM)  # what a scheduler sends: the whole group
+    return score(completions)
 """
 NOT_COMPARED = ("timing/", "generation/tokens_per_s", "train_", "step_time")
 
@@ -63,7 +75,9 @@ def train(recipe: Path, out: Path, *flags: str, fault: str = "", step: int = 2):
     env = {**os.environ, "PYTHONPATH": str(recipe.parent), "OMP_NUM_THREADS": "1",
            "HF_HUB_OFFLINE": "1", "FAULT": fault, "FAULT_STEP": str(step)}  # fmt: skip
     command = [sys.executable, "-m", "grpo_plugin", "train", str(run_recipe), *flags]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        command, capture_output=True, text=True, env=env, timeout=300, start_new_session=True
+    )  # fmt: skip  (a group of its own to signal)
 
 
 def metric_lines(out: Path) -> list[dict]:
@@ -127,6 +141,16 @@ def test_sigterm_saves_prints_how_to_resume_and_exits_143(recipe, tmp_path, unin
     assert resumed.returncode == 0, resumed.stderr
     assert metric_lines(out) == metric_lines(uninterrupted)
     assert weights_diff(out, uninterrupted) == 0.0
+
+
+def test_sigterm_to_the_process_group_during_a_worker_reward_stops_cleanly(recipe, tmp_path):
+    """The user-code worker ignores SIGTERM: the trainer saves, stops with 143, and the worker
+    dies with it (a reward error 'ended its worker process' would be the wrong outcome)."""
+    out = tmp_path / "group"
+    stopped = train(recipe, out, "--reward_funcs", "faulty_reward:group_term", fault="1", step=2)
+    assert stopped.returncode == 143, stopped.stderr
+    assert "Stopped by SIGTERM after step 3; checkpoint saved to" in stopped.stderr
+    assert "ended its worker process" not in stopped.stderr
 
 
 def test_a_rerun_into_a_used_folder_is_refused_then_overwrite_starts_clean(

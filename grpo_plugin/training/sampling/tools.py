@@ -196,7 +196,7 @@ class ToolInputs:
             timeout=args.tool_timeout,
             max_result_chars=args.max_tool_result_length,
             template_kwargs=getattr(args, "chat_template_kwargs", None),
-            isolate=args.isolate_user_code,
+            isolate=getattr(args, "isolate_user_code", True),  # `grpo-plugin eval`: its own args
         )
 
 
