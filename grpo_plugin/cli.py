@@ -107,6 +107,30 @@ def aborted_line(argv: Sequence[str], output_dir: str) -> str:
     )
 
 
+def stopped_line(stop, argv: Sequence[str], output_dir: str) -> str:
+    """One line after a SIGTERM outside the training steps: what happened, what to run next."""
+    from .training.run.checkpoints import has_complete
+    from .training.run.lock import previous_run_files
+
+    if has_complete(output_dir):
+        return f"{stop} To resume: {resume_command(argv)}"
+    again = resume_command(argv).removesuffix(" --resume_from_checkpoint true")
+    if previous_run_files(output_dir):
+        return f"{stop} To start over: {again} --overwrite_output_dir"
+    return f"{stop} Nothing was trained; to start again: {again}"
+
+
+def disk_full_line(err: BaseException, output_dir: str | None) -> str | None:
+    """One line for a full disk (None: `err` is something else)."""
+    from .training.run.checkpoints import CheckpointWriteError, no_space, space_error
+
+    if isinstance(err, CheckpointWriteError):
+        return str(err)
+    if output_dir is None or not no_space(err):
+        return None
+    return str(space_error(err, output_dir))
+
+
 def cmd_train(argv: Sequence[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         recipe_parser().print_help()
@@ -121,7 +145,7 @@ def cmd_train(argv: Sequence[str]) -> int:
     from .models import EmbeddedModelMissing
     from .training.distributed import failures_shared, process_state
     from .training.rewards.scoring import RewardFunctionError
-    from .training.run.preemption import TrainingInterrupted
+    from .training.run.preemption import RunStopped, TrainingInterrupted
 
     recipe = None
     try:
@@ -147,6 +171,14 @@ def cmd_train(argv: Sequence[str]) -> int:
     except TrainingInterrupted as stop:
         print(f"{stop}\nTo resume: {resume_command(argv)}", file=sys.stderr)
         return stop.exit_code
+    except RunStopped as stop:  # outside the training steps: one line
+        print(stopped_line(stop, argv, recipe.config.output_dir), file=sys.stderr)
+        return stop.exit_code
+    except Exception as err:  # a full disk (OSError, torch's or safetensors' own): one line
+        line = disk_full_line(err, recipe.config.output_dir if recipe is not None else None)
+        if line is None:
+            raise
+        return fail(line, code=1)
     except KeyboardInterrupt:  # a second Ctrl-C: aborted without saving
         where = recipe.config.output_dir if recipe is not None else None
         print(aborted_line(argv, where) if where else "Aborted.", file=sys.stderr)

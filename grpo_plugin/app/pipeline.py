@@ -29,8 +29,9 @@ import reward_fns
 
 from ..training import distributed, inputs, progress
 from ..training.callbacks import evaluation_progress, trainer_phase
+from ..training.run import checkpoints, rundir
 from ..training.run import lock as run_lock
-from ..training.run import rundir
+from ..training.run.preemption import RunStopped, stop_on_signal
 from ..training.run.resume import ResumeRefused
 from .data import dataset_hub_ids, dataset_label
 from .preflight import RecipeData, prepare_run
@@ -219,21 +220,23 @@ def train_recipe(
     """
     data = data or prepare_run(recipe, rewards)
     out, main = Path(recipe.config.output_dir), distributed.is_main_process()
-    overwrite = recipe.config.overwrite_output_dir
+    c = recipe.config
+    resume, others_ok = data.checkpoint is not None, c.allow_other_files_in_output_dir
 
     def claim() -> None:  # process 0's; a refusal (another run took the dir since) on every one
-        run_lock.claim(out, resume=data.checkpoint is not None, overwrite=overwrite)
+        run_lock.claim(out, resume=resume, overwrite=c.overwrite_output_dir, others_ok=others_ok)
 
-    try:
-        distributed.on_main_process(distributed.process_state(), claim)
-    except (ValueError, run_lock.OutputDirInUse) as err:
-        raise RecipeError(one_line(err)) from err
-    try:
-        return _run(recipe, rewards, data, out)
-    finally:
-        progress.close()  # after an error no live line stays on screen
-        if main:
-            run_lock.release(out)
+    with stop_on_signal():  # SIGTERM outside the training steps: RunStopped, one line
+        try:
+            distributed.on_main_process(distributed.process_state(), claim)
+        except (ValueError, run_lock.OutputDirInUse) as err:
+            raise RecipeError(one_line(err)) from err
+        try:
+            return _run(recipe, rewards, data, out)
+        finally:
+            progress.close()  # after an error no live line stays on screen
+            if main:
+                run_lock.release(out)
 
 
 def _before(trainer, recipe: Recipe, data: RecipeData, eval_fn: Callable, out: Path):
@@ -244,6 +247,8 @@ def _before(trainer, recipe: Recipe, data: RecipeData, eval_fn: Callable, out: P
         keys = ["before"] + (["validation_before"] if data.validation is not None else [])
         if all(key in previous for key in keys):
             return {key: previous[key] for key in keys}
+    else:
+        previous = {}
     before = {"before": _evaluate(trainer, data.held_out, eval_fn, recipe, "eval before training")}
     if data.validation is not None:  # step 0 of the validation curve
         label = "eval before training (validation)"
@@ -251,7 +256,7 @@ def _before(trainer, recipe: Recipe, data: RecipeData, eval_fn: Callable, out: P
     if trainer.is_world_process_zero():
         accuracy = before["before"]["accuracy"]
         logger.info("Before training: held-out greedy accuracy %s", _pct(accuracy))
-        rundir.write_json(out / rundir.EVAL_FILE, before)
+        rundir.write_json(out / rundir.EVAL_FILE, previous | before)  # nothing of it is lost
     return before
 
 
@@ -266,7 +271,24 @@ def _load(recipe: Recipe, rewards: list[Callable], data: RecipeData):
         return _build_trainer(recipe, rewards, data)
 
 
+class _Stage:
+    """What the run is doing, for the line a SIGTERM outside the training steps prints."""
+
+    now = "loading the model"
+
+
 def _run(recipe: Recipe, rewards: list[Callable], data: RecipeData, out: Path) -> dict[str, Any]:
+    stage = _Stage()
+    try:
+        return _stages(recipe, rewards, data, out, stage)
+    except RunStopped as stop:
+        newest = checkpoints.latest_complete(out) if out.is_dir() else None
+        raise stop.during(stage.now, str(newest) if newest else None) from None
+
+
+def _stages(
+    recipe: Recipe, rewards: list[Callable], data: RecipeData, out: Path, stage: _Stage
+) -> dict[str, Any]:
     from ..training.publish.card import write_model_card
     from ..training.publish.plot import plot_reward_curve
     from ..training.publish.report import write_report
@@ -282,18 +304,23 @@ def _run(recipe: Recipe, rewards: list[Callable], data: RecipeData, out: Path) -
         "splits": data.sizes(),
     }
     if held_out is not None and (recipe.args.eval or {}).get("before", True):
+        stage.now = "the evaluation before training"
         evaluation.update(_before(trainer, recipe, data, eval_fn, out))
-    t0 = time.perf_counter()
+    stage.now = "training (before its first step)"
     try:
         trainer.train(resume_from_checkpoint=data.checkpoint)
     except ResumeRefused as err:  # what only the built trainer sees (rewards, LoRA): one line
         raise RecipeError(one_line(err)) from err
-    evaluation["train_seconds"] = round(time.perf_counter() - t0, 1)
+    # the whole run's, a resumed run's included (the checkpoint records its part)
+    evaluation["train_seconds"] = round(trainer.resume_plan.train_seconds, 1)
+    stage.now = "saving the trained model"
     with trainer_phase(trainer, f"Saving the model to {out}"):
         trainer.save_model(str(out))
     if held_out is not None:
+        stage.now = "the evaluation after training"
         evaluation["after"] = _evaluate(trainer, held_out, eval_fn, recipe, "eval after training")
     evaluation.update(training_evaluations(trainer, evaluation))
+    stage.now = "writing eval.json, the curve, the model card and the report"
     if trainer.is_world_process_zero():  # one writer (several processes run this function)
         rundir.write_json(out / rundir.EVAL_FILE, evaluation)
         write_recipe_copy(recipe, out, trainer.resume_plan.phases)

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import reward_fns
+
 from ..training import distributed, inputs
 from ..training.run import checkpoints, resume
 from ..training.run import lock as run_lock
@@ -78,7 +80,9 @@ def _check_previous_run(config: Any) -> str | None:
     # a live run first: "resume it" or "overwrite it" would be wrong advice while it runs
     run_lock.check_not_in_use(config.output_dir)
     checkpoint = checkpoints.resolve_resume(config.output_dir, config.resume_from_checkpoint)
-    run_lock.check_rerun(config.output_dir, checkpoint is not None, config.overwrite_output_dir)
+    others_ok = config.allow_other_files_in_output_dir  # files no run wrote: refused unless
+    resuming, overwrite = checkpoint is not None, config.overwrite_output_dir
+    run_lock.check_rerun(config.output_dir, resuming, overwrite, None, others_ok)
     return checkpoint
 
 
@@ -118,14 +122,29 @@ def check_lengths(recipe: Recipe, data: RecipeData) -> None:
             raise RecipeError(one_line(err)) from err
 
 
-def check_resume(recipe: Recipe, data: RecipeData, checkpoint: str) -> None:
-    """Before the model loads: what `GRPOTrainer.train` checks on resume, with what a recipe knows
-    (the trainer checks again, with the rewards, LoRA and model_init_kwargs too)."""
+def _reward_names(rewards: list[Callable]) -> list[str] | None:
+    """The names the trainer records for `rewards` (None: a reward model, named once loaded)."""
+    from ..training.rewards.reward_models import is_reward_model
+
+    if not all(callable(fn) and not is_reward_model(fn) for fn in rewards):
+        return None
+    return [reward_fns.reward_name(fn) for fn in rewards]
+
+
+def check_resume(
+    recipe: Recipe, data: RecipeData, checkpoint: str, rewards: list[Callable] = ()
+) -> None:
+    """Before the model loads: what `GRPOTrainer.train` checks on resume, with what a recipe knows,
+    the reward functions' names included (the trainer checks again, with LoRA and
+    model_init_kwargs too)."""
     c = recipe.config
     identity = resume.RunIdentity(recipe.args.model, resume.dataset_digest(data.train))
     current = resume.run_record(c, identity)
     for name in resume.AFTER_LOAD:
         current["config"].pop(name, None)
+    names = _reward_names(list(rewards)) if rewards else None
+    if names is not None:  # compared with the checkpoint's before any model loads
+        current["run"]["reward_funcs"] = names
     try:
         missing = resume.check_pieces(checkpoint, c)
         resume.check_config(checkpoint, current, c, missing)
@@ -140,6 +159,6 @@ def prepare_run(recipe: Recipe, rewards: list[Callable]) -> RecipeData:
         data = load_checked_data(recipe, rewards)
         check_lengths(recipe, data)
         if checkpoint is not None:
-            check_resume(recipe, data, checkpoint)
+            check_resume(recipe, data, checkpoint, rewards)
     data.checkpoint = checkpoint
     return data

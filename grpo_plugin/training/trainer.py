@@ -418,9 +418,7 @@ class GRPOTrainer(TRLAttributes, Trainer):
         super()._load_optimizer_and_scheduler(checkpoint)
         self._objective.load_state(checkpoint)  # the adaptive entropy coefficient, as TRL
         resume.after_restore(self, checkpoint)  # the schedule as configured, at the restored step
-        state = checkpoints.load_state(checkpoint, self.args.process_index)
-        if state is not None:
-            self.run_state.load_state_dict(state, self.args.device)
+        lifecycle.after_load(self, checkpoint)  # the run state; then what came after it set aside
 
     def _get_grad_norm(self, model, grad_norm=None):
         grad_norm = super()._get_grad_norm(model, grad_norm)

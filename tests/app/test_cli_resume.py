@@ -3,6 +3,7 @@ resumed, stopped with SIGTERM and resumed, started twice into one folder, rerun 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -33,14 +34,22 @@ disable_tqdm: true
 output_dir: {out}
 """
 # A reward with signal for a random tiny model (the mean character code), which kills or
-# signals its own process when the environment asks, while step FAULT_STEP + 1 is sampled.
+# signals its own process when the environment asks, while step FAULT_STEP + 1 is sampled, or
+# (EVAL_TERM=before/after) sends SIGTERM when it scores the evaluation before/after training.
 REWARD = """
 import os, signal
 import reward_fns
 
-@reward_fns.in_process  # the signal is for the trainer's process, not the worker's
-def mean_code(prompts, completions, trainer_state, **kw):
-    if os.environ.get("FAULT") and trainer_state.global_step == int(os.environ["FAULT_STEP"]):
+@reward_fns.in_process  # the signals are for the trainer's process, not the worker's
+def mean_code(prompts, completions, trainer_state=None, **kw):
+    in_eval = trainer_state is None
+    when = "after" if os.environ.get("TRAINED") else "before"
+    if in_eval and os.environ.get("EVAL_TERM") == when:
+        os.kill(os.getpid(), signal.SIGTERM)
+    if not in_eval:
+        os.environ["TRAINED"] = "1"
+    step = -1 if in_eval else trainer_state.global_step
+    if os.environ.get("FAULT") and step == int(os.environ["FAULT_STEP"]):
         for _ in range(2 if os.environ["FAULT"] == "SIGINT2" else 1):  # SIGINT2: a double Ctrl-C
             os.kill(os.getpid(), getattr(signal, os.environ["FAULT"].removesuffix("2")))
     return score(completions)
@@ -51,10 +60,15 @@ def score(completions):
     return [sum(map(ord, t)) / (128 * max(1, len(t))) for t in texts]
 
 
+
 def group_term(prompts, completions, trainer_state, **kw):  # in the worker process
     if os.environ.get("FAULT") and trainer_state.global_step == int(os.environ["FAULT_STEP"]):
         os.killpg(os.getpgrp(), signal.SIGTERM)  # what a scheduler sends: the whole group
     return score(completions)
+
+
+def constant(prompts, completions, **kw):
+    return [0.5] * len(completions)
 """
 NOT_COMPARED = ("timing/", "generation/tokens_per_s", "train_", "step_time")
 
@@ -68,12 +82,14 @@ def recipe(tmp_path_factory, tiny_model_dir):
     return path
 
 
-def train(recipe: Path, out: Path, *flags: str, fault: str = "", step: int = 2):
+def train(recipe: Path, out: Path, *flags: str, fault: str = "", step: int = 2, term: str = ""):
     text = recipe.read_text().replace("{out}", str(out))
     run_recipe = recipe.with_name(f"{out.name}.yaml")
     run_recipe.write_text(text)
+    # TRAINED: the reward's own flag, which this module's in-process runs set in os.environ
     env = {**os.environ, "PYTHONPATH": str(recipe.parent), "OMP_NUM_THREADS": "1",
-           "HF_HUB_OFFLINE": "1", "FAULT": fault, "FAULT_STEP": str(step)}  # fmt: skip
+           "HF_HUB_OFFLINE": "1", "FAULT": fault, "FAULT_STEP": str(step), "EVAL_TERM": term,
+           "TRAINED": ""}  # fmt: skip
     command = [sys.executable, "-m", "grpo_plugin", "train", str(run_recipe), *flags]
     return subprocess.run(
         command, capture_output=True, text=True, env=env, timeout=300, start_new_session=True
@@ -286,3 +302,187 @@ def test_after_a_double_ctrl_c_the_next_run_says_the_one_way_out(recipe, tmp_pat
     done = train(recipe, out, "--overwrite_output_dir")  # following the advice works
     assert done.returncode == 0, done.stderr[-2000:]
     assert (out / "adapter_model.safetensors").is_file()
+
+
+# --- the run folder (issue 45): a resume loses no record, one timeline, no user file written over
+
+
+def test_a_damaged_checkpoint_is_refused_in_one_line_and_nothing_is_cut(
+    recipe, uninterrupted, tmp_path
+):
+    """Before: a truncated optimizer.pt ended in a traceback after metrics.jsonl and
+    completions/ were cut back to checkpoint-4, and the steps after it were lost for good."""
+    out = tmp_path / "damaged"
+    shutil.copytree(uninterrupted, out)
+    shutil.rmtree(out / "checkpoint-5")
+    optimizer = out / "checkpoint-4" / "optimizer.pt"
+    optimizer.write_bytes(optimizer.read_bytes()[:1000])
+    expected = [
+        f"error: {optimizer} is damaged: its archive is cut short or corrupt (File is not a zip "
+        "file). Nothing was changed; restore the file from a copy, or resume from the earlier "
+        f"whole checkpoint with --resume_from_checkpoint {out}/checkpoint-2."
+    ]
+    for flags in (("--dry-run",), ()):
+        refused = train(recipe, out, "--resume_from_checkpoint", "true", *flags)
+        assert refused.returncode == 2 and refused.stderr.strip().splitlines() == expected
+        assert "Loading model" not in refused.stdout + refused.stderr
+    assert metric_lines(out) == metric_lines(uninterrupted)  # nothing was cut
+    assert completions(out) == completions(uninterrupted)
+    resumed = train(recipe, out, "--resume_from_checkpoint", str(out / "checkpoint-2"))
+    assert resumed.returncode == 0, resumed.stderr
+    assert metric_lines(out) == metric_lines(uninterrupted)
+    assert weights_diff(out, uninterrupted) == 0.0
+
+
+def test_true_never_resumes_a_checkpoint_of_an_abandoned_timeline(recipe, uninterrupted, tmp_path):
+    """Before: resume from checkpoint-2 to step 3 with a new learning rate, then `true` picked the
+    old run's checkpoint-5 without a word; metrics.jsonl lost the new step 3 and mixed two runs."""
+    out = tmp_path / "branched"
+    shutil.copytree(uninterrupted, out)
+    branch = ("--resume_from_checkpoint", str(out / "checkpoint-2"), "--max_steps", "3")
+    done = train(recipe, out, *branch, "--learning_rate", "0.01")
+    assert done.returncode == 0, done.stderr
+    assert "checkpoint-4, checkpoint-5, 4 line(s) of metrics.jsonl" in done.stderr
+    (aside,) = (out / "abandoned").iterdir()
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-3"]
+    new_step_3 = learning_rates(out)[3]
+    more = ("--resume_from_checkpoint", "true", "--max_steps", "6", "--learning_rate", "0.01")
+    longer = train(recipe, out, *more)
+    assert longer.returncode == 0, longer.stderr
+    assert "Resuming at step 3 " in longer.stderr  # the new timeline's newest checkpoint
+    lr = learning_rates(out)
+    assert sorted(lr) == [1, 2, 3, 4, 5, 6] and lr[3] == new_step_3  # one continuous history
+    assert [r["step"] for r in metric_lines(out) if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    assert learning_rates(aside) == {s: learning_rates(uninterrupted)[s] for s in (3, 4, 5)}
+    assert sorted(p.name for p in aside.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-5"]
+    assert weights_diff(aside, uninterrupted) == 0.0  # its final adapter, kept aside
+
+
+def test_a_users_files_in_output_dir_are_never_written_over(recipe, tmp_path):
+    """Before: the user's README.md and recipe.yaml were replaced by the card and the recipe."""
+    out = tmp_path / "project"
+    out.mkdir()
+    (out / "README.md").write_text("# My project\n")
+    (out / "recipe.yaml").write_text("mine: true\n")
+    for flags in (("--dry-run",), (), ("--allow_other_files_in_output_dir", "true")):
+        refused = train(recipe, out, "--max_steps", "1", *flags)
+        assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+            f"error: output_dir {out} holds README.md, recipe.yaml, which no run of grpo-plugin "
+            "wrote and which a run writes (the model card, the recipe as run, the weights, ...): "
+            "nothing was written; move the file(s) away, or choose an empty or new output_dir."
+        ]
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "recipe.yaml"]
+    assert (out / "README.md").read_text() == "# My project\n"
+    (out / "README.md").rename(out / "NOTES.md")
+    (out / "recipe.yaml").rename(out / "my-recipe.yaml")
+    refused = train(recipe, out, "--max_steps", "1")
+    assert refused.returncode == 2 and "--allow_other_files_in_output_dir true" in refused.stderr
+    beside = train(recipe, out, "--max_steps", "1", "--allow_other_files_in_output_dir", "true")
+    assert beside.returncode == 0, beside.stderr
+    assert (out / "NOTES.md").read_text() == "# My project\n" and (out / "README.md").is_file()
+
+
+def test_a_changed_reward_is_refused_before_the_model_loads(recipe, uninterrupted, tmp_path):
+    """Before: --dry-run said OK, and the real run refused only after the model had loaded."""
+    out = tmp_path / "new-reward"
+    shutil.copytree(uninterrupted, out)
+    for later in ("checkpoint-4", "checkpoint-5"):
+        shutil.rmtree(out / later)
+    flags = ("--resume_from_checkpoint", "true", "--reward_funcs", "faulty_reward:constant")
+    for extra in (("--dry-run",), ()):
+        refused = train(recipe, out, *flags, *extra)
+        assert refused.returncode == 2, refused.stderr
+        (line,) = refused.stderr.strip().splitlines()
+        assert "reward_funcs ['mean_code'] -> ['constant']" in line
+        assert "Loading model" not in refused.stdout + refused.stderr
+    assert metric_lines(out) == metric_lines(uninterrupted)
+
+
+def test_train_seconds_counts_the_whole_run_after_a_resume(recipe, tmp_path):
+    """Before: eval.json's train_seconds counted only the resumed part."""
+    out = tmp_path / "timed"
+    killed = train(recipe, out, fault="SIGKILL")
+    assert killed.returncode == -signal.SIGKILL
+    record_file = out / "checkpoint-2" / "grpo_resume.json"
+    record = json.loads(record_file.read_text())
+    assert record["train_seconds"] > 0
+    record["train_seconds"] = 1000.0  # as if steps 1-2 had taken that long
+    record_file.write_text(json.dumps(record))
+    resumed = train(recipe, out, "--resume_from_checkpoint", "true")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads((out / "eval.json").read_text())["train_seconds"] >= 1000.0
+
+
+EVALUATED = ("--dataset.eval_size", "4", "--eval.k", "0", "--max_steps", "2")
+
+
+def test_sigterm_during_the_evaluation_before_training_says_so_in_one_line(recipe, tmp_path):
+    """Before: exit 143 and not a word."""
+    out = tmp_path / "term-before"
+    stopped = train(recipe, out, *EVALUATED, term="before")
+    assert stopped.returncode == 143, stopped.stderr
+    assert "Traceback" not in stopped.stderr
+    assert (
+        stopped.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "Stopped by SIGTERM during the evaluation before training; no checkpoint was saved. "
+            "Nothing was trained; to start again: grpo-plugin train "
+        )
+    )
+    again = train(recipe, out, *EVALUATED)  # the command it gives works
+    assert again.returncode == 0, again.stderr
+
+
+def test_sigterm_during_the_evaluation_after_training_keeps_the_run_and_resume_finishes_it(
+    recipe, tmp_path
+):
+    out = tmp_path / "term-after"
+    stopped = train(recipe, out, *EVALUATED, term="after")
+    assert stopped.returncode == 143, stopped.stderr
+    assert "Traceback" not in stopped.stderr
+    last = stopped.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        f"Stopped by SIGTERM during the evaluation after training; the run is saved up to "
+        f"{out}/checkpoint-2. To resume: grpo-plugin train "
+    ) and last.endswith("--resume_from_checkpoint true")
+    finished = train(recipe, out, *EVALUATED, "--resume_from_checkpoint", "true")
+    assert finished.returncode == 0, finished.stderr
+    evaluation = json.loads((out / "eval.json").read_text())
+    assert "after" in evaluation and "before" in evaluation
+
+
+def test_a_full_disk_mid_run_is_one_line_and_nothing_saved_is_lost(
+    recipe, uninterrupted, tmp_path, monkeypatch, capsys
+):
+    """Before: a traceback. The disk fills while the completions of step 4 are written."""
+    import pyarrow.parquet as pq
+
+    from grpo_plugin import cli
+
+    out = tmp_path / "full"
+    monkeypatch.syspath_prepend(str(recipe.parent))
+    path = tmp_path / "full.yaml"
+    path.write_text(recipe.read_text().replace("{out}", str(out)))
+    write = pq.write_table
+
+    def full_disk(table, where, **kwargs):
+        if "step_00003.parquet" in str(where):
+            raise OSError(errno.ENOSPC, "No space left on device")  # as pyarrow: no file named
+        return write(table, where, **kwargs)
+
+    monkeypatch.setattr(pq, "write_table", full_disk)
+    assert cli.main(["train", str(path)]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(
+        f"error: Could not write {out}/completions/step_00003.parquet in {out}: no space left "
+        "on the device ("
+    ) and line.endswith(
+        "Saved checkpoints are intact (checkpoint-2); free some space or set save_total_limit, "
+        "then resume with --resume_from_checkpoint true."
+    )
+    monkeypatch.setattr(pq, "write_table", write)  # space freed
+    assert cli.main(["train", str(path), "--resume_from_checkpoint", "true"]) == 0
+    assert metric_lines(out) == metric_lines(uninterrupted)
+    assert completions(out) == completions(uninterrupted)
+    assert weights_diff(out, uninterrupted) == 0.0

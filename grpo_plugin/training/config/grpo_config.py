@@ -414,6 +414,13 @@ class GRPOConfig(TrainingArguments):
         "first. Without it such a run is refused (resume it instead).",
         False,
     )
+    allow_other_files_in_output_dir: bool = _help(
+        "Write the run into an output_dir that also holds files no run wrote (a project "
+        "folder): they are left alone. Without it such a folder is refused before anything is "
+        "written. A file of yours under a name a run writes (README.md, recipe.yaml, "
+        "config.json, ...) is refused even with it: it is never written over.",
+        False,
+    )
     resume_as_new_phase: bool = _help(
         "On resume, continue even though the checkpoint lacks a piece of an exact resume "
         "(optimizer.pt, scheduler.pt, grpo_state) or the config changes what the run is "

@@ -37,9 +37,11 @@ from typing import Any
 import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from . import integrity, rundir
+
 logger = logging.getLogger(__name__)
 
-STAGING_DIR = ".checkpoint-staging"
+STAGING_DIR = rundir.STAGING_DIR
 STATE_FILE = "grpo_state_{process}.pt"
 TRAINER_STATE = "trainer_state.json"  # transformers' TRAINER_STATE_NAME
 WEIGHT_FILES = (
@@ -55,7 +57,8 @@ _TRUE = {"true", "True", "TRUE", "last", "latest"}
 
 
 class CheckpointWriteError(RuntimeError):
-    """A checkpoint could not be written; earlier checkpoints are untouched."""
+    """A checkpoint (or another file of the run) could not be written, e.g. on a full disk;
+    earlier checkpoints are untouched. The message is one line that says how to go on."""
 
 
 # --- which checkpoint ----------------------------------------------------------------------------
@@ -101,9 +104,11 @@ def latest_complete(output_dir: str | Path) -> Path | None:
 
 
 def resolve_resume(output_dir: str | Path, value: str | bool | None) -> str | None:
-    """`resume_from_checkpoint` (a path, True/"true", or None/False) -> a complete checkpoint.
+    """`resume_from_checkpoint` (a path, True/"true", or None/False) -> a complete checkpoint,
+    every file of it read and found whole (`integrity.py`), and the run's JSON files readable.
 
-    Raises ValueError (one line, with the fix) when there is nothing complete to resume from.
+    Raises ValueError (one line, with the fix) when there is nothing complete to resume from, or
+    when a file is damaged: before anything in the run folder changes.
     """
     if value is None or value is False or value == "":
         return None
@@ -115,20 +120,59 @@ def resolve_resume(output_dir: str | Path, value: str | bool | None) -> str | No
                 "--overwrite_output_dir instead of --resume_from_checkpoint, or choose another "
                 "output_dir."
             )
-        return str(latest_complete(output_dir))
-    folder = Path(value)
-    if not folder.is_dir():
-        raise ValueError(
-            f"resume_from_checkpoint={value!r}: no such folder; give a checkpoint-N folder of "
-            "the run, or `true` for its newest complete checkpoint."
-        )
-    missing = missing_files(folder)
-    if missing:
-        raise ValueError(
-            f"resume_from_checkpoint={value!r} is incomplete (no {' and no '.join(missing)}): it "
-            "was being written when the run stopped; use `true` to take the newest complete one."
-        )
+        folder = latest_complete(output_dir)
+    else:
+        folder = Path(value)
+        if not folder.is_dir():
+            raise ValueError(
+                f"resume_from_checkpoint={value!r}: no such folder; give a checkpoint-N folder of "
+                "the run, or `true` for its newest complete checkpoint."
+            )
+        missing = missing_files(folder)
+        if missing:
+            raise ValueError(
+                f"resume_from_checkpoint={value!r} is incomplete (no {' and no '.join(missing)}): "
+                "it was being written when the run stopped; use `true` to take the newest "
+                "complete one."
+            )
+    _check_not_abandoned(output_dir, folder)
+    integrity.check_folder(folder, _fix_for(folder))
+    _check_run_files(output_dir)
     return str(folder)
+
+
+def _check_not_abandoned(output_dir: str | Path, folder: Path) -> None:
+    aside = Path(output_dir).resolve() / rundir.ABANDONED_DIR
+    if aside in folder.resolve().parents:
+        raise ValueError(
+            f"resume_from_checkpoint={str(folder)!r} belongs to a timeline an earlier resume set "
+            f"aside; resume from a checkpoint-N of {output_dir}, or continue that timeline in "
+            "another output_dir (give the same checkpoint path there)."
+        )
+
+
+def _fix_for(folder: Path) -> str:
+    """How to go on from a damaged checkpoint: the newest earlier whole one, or start over."""
+    step = checkpoint_step(folder) or 0
+    for other in reversed(checkpoints(folder.parent)):
+        earlier = (checkpoint_step(other) or 0) < step
+        if earlier and not missing_files(other) and integrity.first_damaged(other) is None:
+            return (
+                "restore the file from a copy, or resume from the earlier whole checkpoint with "
+                f"--resume_from_checkpoint {other}."
+            )
+    return "restore the file from a copy, or start over with --overwrite_output_dir."
+
+
+def _check_run_files(output_dir: str | Path) -> None:
+    """The run's JSON files a resume reads (or sets aside) must parse."""
+    for name in (rundir.RUN_INFO_FILE, rundir.EVAL_FILE):
+        path = Path(output_dir) / name
+        problem = integrity.damage(path) if path.is_file() else None
+        if problem is not None:
+            raise integrity.DamagedCheckpoint(
+                f"{path} is damaged: {problem}. Nothing was changed; fix or delete it, then resume."
+            )
 
 
 # --- writing one atomically ----------------------------------------------------------------------
@@ -136,23 +180,33 @@ def staging_root(run_dir: str | Path) -> Path:
     return Path(run_dir) / STAGING_DIR
 
 
-def _no_space(err: BaseException) -> bool:
+def no_space(err: BaseException) -> bool:
+    """Whether `err` is a full disk (or quota), however the writer said it."""
     text = str(err)
     return (
-        getattr(err, "errno", None) == errno.ENOSPC
+        getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
         or "No space left" in text
         or "unexpected pos" in text  # torch's zip writer on a full disk (torch 2.x)
         or "PytorchStreamWriter failed" in text
     )
 
 
-def _space_error(err: BaseException, run_dir: Path, name: str) -> CheckpointWriteError:
-    free_mb = shutil.disk_usage(run_dir).free / 2**20
+def space_error(
+    err: BaseException, run_dir: str | Path, name: str | None = None
+) -> CheckpointWriteError:
+    """One line for a full disk: what could not be written, the free space, the checkpoints that
+    are intact, and how to go on."""
+    run_dir = Path(run_dir)
+    name = name or getattr(err, "filename", None) or "the run's files"
+    try:
+        free = f"{shutil.disk_usage(run_dir).free / 2**20:.0f} MB free"
+    except OSError:
+        free = "free space unknown"
     kept = [p.name for p in checkpoints(run_dir)] or ["none yet"]
     return CheckpointWriteError(
-        f"Could not write {name} in {run_dir}: no space left on the device ({free_mb:.0f} MB "
-        f"free). Earlier checkpoints are intact ({', '.join(kept)}); free some space or set "
-        "save_total_limit, then resume with resume_from_checkpoint=true."
+        f"Could not write {name} in {run_dir}: no space left on the device ({free}). Saved "
+        f"checkpoints are intact ({', '.join(kept)}); free some space or set save_total_limit, "
+        "then resume with --resume_from_checkpoint true."
     )
 
 
@@ -183,8 +237,8 @@ def write_atomically(
         if is_main:
             shutil.rmtree(staged, ignore_errors=True)
             _remove_if_empty(staged.parent)
-        if isinstance(err, (OSError, RuntimeError)) and _no_space(err):
-            raise _space_error(err, run_dir, name) from err
+        if isinstance(err, (OSError, RuntimeError)) and no_space(err):
+            raise space_error(err, run_dir, name) from err
         raise
     barrier()
     return final
@@ -237,9 +291,11 @@ __all__ = [
     "latest_complete",
     "load_state",
     "missing_files",
+    "no_space",
     "remove_staging",
     "resolve_resume",
     "save_state",
+    "space_error",
     "staging_root",
     "write_atomically",
 ]

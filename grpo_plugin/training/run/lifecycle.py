@@ -3,18 +3,23 @@ into a checkpoint, checkpoints written atomically.
 
     train(resume_from_checkpoint)
       check_shared         several processes: every one sees the same output_dir (shared_dir.py)
-      resolve_resume       a path or True -> the newest complete checkpoint (checkpoints.py)
+      resolve_resume       a path or True -> the newest complete checkpoint, every file of it
+                           read and found whole (checkpoints.py, integrity.py)
       resume.prepare       every piece of an exact resume there, the config the same run's
                            (or `resume_as_new_phase`), the run's record for the checkpoints
-      run_lock.claim       lock output_dir; refuse a rerun that neither resumes nor overwrites
-                           (process 0 alone; its refusal raised on every process)
-      cut_back_to_step     metrics.jsonl and completions/ back to the checkpoint's step
+      run_lock.claim       lock output_dir; refuse a rerun that neither resumes nor overwrites,
+                           and a folder holding files no run wrote (ownership.py); process 0
+                           alone, its refusal raised on every process
       plan_batch           auto_find_batch_size: the micro-batch that fits (autopilot.py),
                            applied by the trainer through the config's batch-size checks
       cpu_memory.prepare   cpu_memory_reuse: malloc keeps freed memory, LM-head chunks < 32 MB
       handlers_installed   SIGTERM / Ctrl-C -> save and stop (preemption.py)
       Trainer.train        (its `_save_checkpoint` goes through `save_checkpoint` below;
                            `skip_when_done`: a checkpoint at max_steps trains no further step)
+        after_load         once weights, optimizer, scheduler and run state are loaded: what
+                           the run folder recorded after the checkpoint's step is set aside
+                           (timeline.py); nothing in the run folder changed before
+      a full disk          one line naming the file and the intact checkpoints
 
 How it differs from `transformers.Trainer`: there, `resume_from_checkpoint` restores weights,
 optimizer, scheduler and RNG states; here also the trainer's own state (`run/state.py`), so a run
@@ -31,7 +36,7 @@ from typing import Any
 
 from .. import cpu_memory
 from ..distributed import on_main_process
-from . import checkpoints, rundir
+from . import checkpoints, timeline
 from . import lock as run_lock
 from . import resume as resume_checks
 from .preemption import PreemptionCallback, TrainingInterrupted, handlers_installed
@@ -52,15 +57,16 @@ def train(trainer: Any, base_train: Callable[..., Any], resume: str | bool | Non
     main = trainer.is_world_process_zero()
     # the earlier run's files as found when the trainer was built (not its own writes)
     found, resuming = trainer._previous_run_files, checkpoint is not None
+    others_ok = a.allow_other_files_in_output_dir
 
     def claim() -> None:
-        run_lock.claim(a.output_dir, resume=resuming, overwrite=a.overwrite_output_dir, found=found)
+        overwrite = a.overwrite_output_dir
+        run_lock.claim(
+            a.output_dir, resume=resuming, overwrite=overwrite, found=found, others_ok=others_ok
+        )
 
     on_main_process(trainer.accelerator, claim)
     try:
-        if main and checkpoint is not None:
-            rundir.cut_back_to_step(a.output_dir, checkpoints.checkpoint_step(checkpoint) or 0)
-            checkpoints.remove_staging(a.output_dir)
         if a.auto_find_batch_size:  # before the first step (autopilot.py)
             trainer.plan_batch(checkpoint)
         cpu_memory.prepare(trainer)  # after the autopilot's chunk: it may cut it further
@@ -69,7 +75,12 @@ def train(trainer: Any, base_train: Callable[..., Any], resume: str | bool | Non
         try:
             with handlers_installed(guard):
                 output = base_train(resume_from_checkpoint=checkpoint, **kwargs)
+        except Exception as err:  # a full disk (OSError, torch's or safetensors' own): one line
+            if not checkpoints.no_space(err) or isinstance(err, checkpoints.CheckpointWriteError):
+                raise
+            raise checkpoints.space_error(err, a.output_dir) from err
         finally:
+            trainer.resume_plan.stop_clock()
             trainer.remove_callback(guard)
     finally:
         if main:
@@ -77,6 +88,18 @@ def train(trainer: Any, base_train: Callable[..., Any], resume: str | bool | Non
     if guard.signum is not None:
         raise TrainingInterrupted(guard.signum, trainer.state.global_step, _newest(a.output_dir))
     return output
+
+
+def after_load(trainer: Any, checkpoint: str | None) -> None:
+    """Once the Trainer loaded weights, optimizer and scheduler: the trainer's `RunState`, then
+    (the checkpoint loaded whole) what the run folder recorded after its step is set aside
+    (`timeline.py`). Nothing in the run folder changes before, so a resume that fails to load
+    loses nothing."""
+    state = checkpoints.load_state(checkpoint, trainer.args.process_index)
+    if state is not None:
+        trainer.run_state.load_state_dict(state, trainer.args.device)
+    if checkpoint is not None and trainer.is_world_process_zero():
+        timeline.set_aside(trainer.args.output_dir, checkpoints.checkpoint_step(checkpoint) or 0)
 
 
 def skip_when_done(state: Any, epochs: int, steps: int, num_epochs: int) -> tuple[int, int]:
@@ -115,7 +138,7 @@ def save_checkpoint(trainer: Any, save_staged: Callable[[str], None]) -> None:
         trainer.save_run_state(staged)
         if trainer.is_world_process_zero():
             trainer.state.save_to_json(str(staged / checkpoints.TRAINER_STATE))
-            record = trainer.resume_plan.record  # None: saved outside train()
+            record = trainer.resume_plan.saved_record()  # None: saved outside train()
             if record is not None:
                 resume_checks.save_record(staged, record)
 

@@ -8,6 +8,10 @@
   is refused unless it resumes (`resume_from_checkpoint`) or `overwrite_output_dir` is set; with
   `overwrite_output_dir` the old run's files are deleted first (other files are left alone), so
   the new run starts clean.
+- A directory holding files no run wrote (a project folder, a model folder) is refused before
+  anything is written, resumed or overwritten alike, unless `allow_other_files_in_output_dir`;
+  a file of the user's under a name a run writes (`README.md`, `recipe.yaml`, ...) is refused
+  even then (`ownership.py` says which files are a run's).
 
 The lock is re-entrant within a process: the recipe pipeline claims the directory before any model
 loads, and `GRPOTrainer.train()` (which claims it for Python users) then finds it held.
@@ -24,11 +28,11 @@ import socket
 import time
 from pathlib import Path
 
-from . import checkpoints, rundir
+from . import checkpoints, ownership, rundir
 
 logger = logging.getLogger(__name__)
 
-LOCK_FILE = ".grpo-plugin.lock"
+LOCK_FILE = rundir.LOCK_FILE
 _HELD: dict[str, RunLock] = {}
 
 
@@ -43,17 +47,24 @@ def _key(output_dir: str | Path) -> str:
 def previous_run_files(output_dir: str | Path) -> list[str]:
     """The names of the files and folders that show an earlier run in `output_dir`."""
     root = Path(output_dir)
-    if not root.is_dir():
+    if not ownership.shows_run(root):
         return []
-    found = [name for name in rundir.RUN_MARKERS if (root / name).exists()]
+    ours = set(ownership.run_entries(root))
+    found = [name for name in rundir.RUN_MARKERS if name in ours]
     return found + [p.name for p in checkpoints.checkpoints(root)]
 
 
 def check_rerun(
-    output_dir: str | Path, resume: bool, overwrite: bool, found: list[str] | None = None
+    output_dir: str | Path,
+    resume: bool,
+    overwrite: bool,
+    found: list[str] | None = None,
+    others_ok: bool = False,
 ) -> None:
-    """Refuse (ValueError, one line) a new run into a directory that holds another run (`found`:
-    that run's files, when they were listed earlier; else they are listed now)."""
+    """Refuse (ValueError, one line) a run into a directory holding files no run wrote (unless
+    `others_ok`, and never over one of them), and a new run into a directory that holds another
+    run (`found`: that run's files, when they were listed earlier; else they are listed now)."""
+    ownership.check_others(output_dir, others_ok)
     if resume or overwrite:
         return
     found = previous_run_files(output_dir) if found is None else found
@@ -73,20 +84,18 @@ def check_rerun(
 
 
 def clear_previous_run(output_dir: str | Path) -> list[str]:
-    """Delete an earlier run's outputs (only names a run writes, and only when the directory
-    shows a run); returns their names."""
+    """Delete an earlier run's files and folders (only what a run wrote, `ownership.py`, and only
+    when the directory shows a run); returns their names."""
     root = Path(output_dir)
-    if not previous_run_files(root):
+    if not ownership.shows_run(root):
         return []
-    names = [n for n in rundir.RUN_OUTPUTS if (root / n).exists()]
-    removed = names + [p.name for p in checkpoints.checkpoints(root)]
+    removed = [name for name in ownership.run_entries(root) if name != LOCK_FILE]
     for name in removed:
         path = root / name
         if path.is_dir():
             shutil.rmtree(path)
         else:
             path.unlink()
-    checkpoints.remove_staging(root)
     if removed:
         logger.info("overwrite_output_dir: removed the previous run's %s", ", ".join(removed))
     return removed
@@ -144,10 +153,16 @@ def _read_holder(fd: int) -> str:
 
 
 def claim(
-    output_dir: str | Path, *, resume: bool, overwrite: bool, found: list[str] | None = None
+    output_dir: str | Path,
+    *,
+    resume: bool,
+    overwrite: bool,
+    found: list[str] | None = None,
+    others_ok: bool = False,
 ) -> RunLock:
     """Lock `output_dir` for this process's run (re-entrant) and apply the rerun rule (`found`:
-    the earlier run's files as listed before this run wrote anything; default: listed now)."""
+    the earlier run's files as listed before this run wrote anything; default: listed now;
+    `others_ok`: `allow_other_files_in_output_dir`)."""
     key = _key(output_dir)
     held = _HELD.get(key)
     if held is not None:
@@ -156,7 +171,7 @@ def claim(
     lock = RunLock(output_dir)
     lock.acquire()
     try:
-        check_rerun(output_dir, resume, overwrite, found)
+        check_rerun(output_dir, resume, overwrite, found, others_ok)
         if overwrite and not resume:
             clear_previous_run(output_dir)
     except BaseException:

@@ -8,6 +8,11 @@ reduced across processes at the end of each step), so the checkpoint is saved by
 
 Handlers are installed only while `train()` runs, only from the main thread, and the previous
 ones are restored afterwards.
+
+Outside the training steps (loading the model, the evaluations before and after training, saving
+the final outputs) there is no step to finish: `stop_on_signal` (installed by the recipe pipeline
+around a whole run) turns SIGTERM into `RunStopped` at once, which says in one line what was
+doing and what is saved (the CLI exits 143). Before, the process died silently with 143.
 """
 
 from __future__ import annotations
@@ -39,6 +44,43 @@ class TrainingInterrupted(RuntimeError):
             f"Stopped by {name} after step {step}; {where}. Resume with "
             "--resume_from_checkpoint true (or trainer.train(resume_from_checkpoint=True))."
         )
+
+
+class RunStopped(BaseException):
+    """A signal outside the training steps: the run stopped at once; what was saved stays.
+    `stage` says what the run was doing, `checkpoint` the newest checkpoint (None: none). A
+    BaseException, as KeyboardInterrupt: code that catches `Exception` (a reward's error
+    handling, say) lets it through."""
+
+    def __init__(self, signum: int, stage: str = "", checkpoint: str | None = None):
+        self.signum, self.stage, self.checkpoint = signum, stage, checkpoint
+        self.exit_code = 128 + signum
+        during = f" during {stage}" if stage else ""
+        saved = f"the run is saved up to {checkpoint}" if checkpoint else "no checkpoint was saved"
+        super().__init__(f"Stopped by {signal.Signals(signum).name}{during}; {saved}.")
+
+    def during(self, stage: str, checkpoint: str | None) -> RunStopped:
+        """The same stop, saying what the run was doing and what is saved."""
+        return RunStopped(self.signum, stage, checkpoint)
+
+
+@contextmanager
+def stop_on_signal(signals: tuple[int, ...] = (signal.SIGTERM,)) -> Iterator[None]:
+    """Raise `RunStopped` when one of `signals` arrives while the block runs (main thread only;
+    `handlers_installed` takes over during the training steps and hands back after)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame) -> None:
+        raise RunStopped(signum)
+
+    previous = {s: signal.signal(s, stop) for s in signals}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 class PreemptionCallback(TrainerCallback):

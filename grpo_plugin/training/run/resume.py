@@ -22,6 +22,7 @@ import enum
 import hashlib
 import json
 import logging
+import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ OPTIMIZER, SCHEDULER = "optimizer.pt", "scheduler.pt"  # transformers' names
 
 # How the run is watched, saved, evaluated or reported, not what it trains: free to change.
 FREE = frozenset(
-    """output_dir overwrite_output_dir resume_from_checkpoint resume_as_new_phase run_name project
+    """output_dir overwrite_output_dir allow_other_files_in_output_dir resume_from_checkpoint resume_as_new_phase run_name project
     report_to trackio_space_id trackio_bucket_id trackio_static_space_id disable_tqdm log_level
     log_level_replica log_on_each_node logging_steps logging_strategy logging_first_step
     logging_nan_inf_filter save_steps save_strategy save_total_limit save_on_each_node
@@ -196,9 +197,9 @@ def run_record(args: Any, identity: RunIdentity) -> dict[str, Any]:
     return {"config": config_values(args), "run": run, "phases": [{"phase": 1, "from_step": 0}]}
 
 
-def read_record(folder: str | Path) -> dict[str, Any] | None:
-    path = Path(folder) / RECORD_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+def read_record(folder: str | Path | None) -> dict[str, Any] | None:
+    path = Path(folder) / RECORD_FILE if folder is not None else None
+    return json.loads(path.read_text()) if path is not None and path.is_file() else None
 
 
 def save_record(folder: str | Path, record: dict[str, Any]) -> None:
@@ -297,16 +298,37 @@ def trainer_record(trainer: Any) -> dict[str, Any]:
 @dataclass
 class ResumePlan:
     """What `prepare` found for one `train()` call, held by the trainer as `resume_plan` and
-    written only here: the run's record (saved with each checkpoint; None before `train()`) and,
-    on resume, the schedule `after_restore` rebuilds."""
+    written only here: the run's record (saved with each checkpoint; None before `train()`), on
+    resume the schedule `after_restore` rebuilds, and the run's training time (the checkpoint's,
+    plus this call's)."""
 
     record: dict[str, Any] | None = None
     schedule: SchedulePlan | None = None
+    seconds_before: float = 0.0  # training time recorded in the checkpoint resumed from
+    started: float | None = None  # time.perf_counter() when this train() call began
+    ended: float | None = None
 
     @property
     def phases(self) -> list[dict[str, Any]]:
         """grpo_run.json's `phases` (more than one: resumed with changes)."""
         return (self.record or {}).get("phases", [])
+
+    @property
+    def train_seconds(self) -> float:
+        """The whole run's training time: what the checkpoint resumed from recorded, plus this
+        call's (steps trained after that checkpoint and lost to a kill are not counted)."""
+        if self.started is None:
+            return self.seconds_before
+        return self.seconds_before + ((self.ended or time.perf_counter()) - self.started)
+
+    def stop_clock(self) -> None:
+        self.ended = time.perf_counter()
+
+    def saved_record(self) -> dict[str, Any] | None:
+        """What a checkpoint saves as grpo_resume.json: the record and the training time so far."""
+        if self.record is None:
+            return None
+        return self.record | {"train_seconds": round(self.train_seconds, 3)}
 
 
 def prepare(trainer: Any, checkpoint: str | None) -> None:
@@ -314,6 +336,8 @@ def prepare(trainer: Any, checkpoint: str | None) -> None:
     checks above; what `after_restore` needs goes into `trainer.resume_plan`."""
     plan = trainer.resume_plan
     plan.record, plan.schedule = trainer_record(trainer), None
+    plan.started, plan.ended = time.perf_counter(), None
+    plan.seconds_before = float((read_record(checkpoint) or {}).get("train_seconds", 0.0))
     if checkpoint is None:
         return
     missing = check_pieces(checkpoint, trainer.args)

@@ -11,10 +11,15 @@
       reward_curve.png     CURVE_FILE      the training curve
       README.md            CARD_FILE       the model card
       report.html          REPORT_FILE     the run at a glance (`grpo-plugin report`)
-      checkpoint-N/        the Trainer's checkpoints
+      checkpoint-N/        the Trainer's checkpoints (run/checkpoints.py)
+      .checkpoint-staging/ STAGING_DIR     where checkpoint-N is written before it is renamed
+      .grpo-plugin.lock    LOCK_FILE       held by the run's main process (run/lock.py)
+      abandoned/           ABANDONED_DIR   what a resume from an earlier checkpoint set aside:
+                                           one folder per resume (run/timeline.py)
 
 Writers: the trainer (metrics, completions, run info at save), the recipe pipeline (eval, recipe,
-curve, card, report). Readers: the card, the plot, the report, `publish` and `chat`.
+curve, card, report). Readers: the card, the plot, the report, `publish` and `chat`. Which of a
+folder's files a run wrote, and which are the user's: run/ownership.py.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ import json
 import logging
 import math
 import os
-import tempfile
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,39 +51,82 @@ CARD_FILE = "README.md"
 REPORT_FILE = "report.html"
 ENTROPY_STATE_FILE = "entropy_ctrl_state.json"  # in checkpoint-N/, TRL's name
 RESUME_RECORD_FILE = "grpo_resume.json"  # in checkpoint-N/: what the run is (run/resume.py)
+STAGING_DIR = ".checkpoint-staging"
+LOCK_FILE = ".grpo-plugin.lock"
+ABANDONED_DIR = "abandoned"
 # run/shared_dir.py: PREFIX + a nonce (+ ".K" from process K), removed once every process read it
 SHARED_CHECK_PREFIX = ".grpo-plugin-shared-"
 # Files that show a directory holds a run (with the checkpoint-N folders), and everything a run
 # writes at the top level (what `overwrite_output_dir` deletes; tokenizer files are rewritten).
 RUN_MARKERS = (METRICS_FILE, RUN_INFO_FILE, COMPLETIONS_DIR, EVAL_FILE)
-RUN_OUTPUTS = RUN_MARKERS + (
-    RECIPE_FILE,
-    CURVE_FILE,
-    CARD_FILE,
-    REPORT_FILE,
+WEIGHT_OUTPUTS = (
     "adapter_model.safetensors",
     "adapter_config.json",
     "model.safetensors",
     "model.safetensors.index.json",
 )
+RUN_OUTPUTS = RUN_MARKERS + (RECIPE_FILE, CURVE_FILE, CARD_FILE, REPORT_FILE) + WEIGHT_OUTPUTS
+# Besides those: what saving a model, a tokenizer or the Trainer's arguments writes beside them,
+# TensorBoard's default `runs/`, and `grpo-plugin export`'s files (fnmatch patterns).
+SAVED_BESIDE = (
+    "model-*-of-*.safetensors",
+    "pytorch_model*.bin",
+    "pytorch_model.bin.index.json",
+    "adapter_model.bin",
+    "config.json",
+    "generation_config.json",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.*",
+    "merges.txt",
+    "spiece.model",
+    "chat_template.jinja",
+    "chat_template.json",
+    "training_args.bin",
+    "runs",
+    "*.gguf",
+    "*.Modelfile",
+)
+# The entries of eval.json that describe the run before training: what stays when a resume from
+# an earlier checkpoint sets the rest aside (run/timeline.py).
+EVAL_BEFORE_KEYS = ("dataset", "reward", "splits", "before", "validation_before")
 
 
 def completions_file(output_dir: str | Path, step: int) -> Path:
     return Path(output_dir) / COMPLETIONS_DIR / f"step_{step:05d}.parquet"
 
 
-def write_text_atomic(path: Path, text: str) -> Path:
-    """Write to a temporary file next to `path`, then rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+@contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """An OSError raised while writing `path` names it (a full disk is then one line that says
+    which file; pyarrow's and a buffered write's errors name none)."""
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+        yield
+    except OSError as err:
+        if err.filename is not None:
+            raise
+        raise OSError(err.errno, err.strerror or str(err), str(path)) from err
+
+
+def _replace_atomically(path: Path, write: Callable[[str], None]) -> Path:
+    """`write(temporary path)` next to `path`, then rename: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # created by the writer, so with the umask's permissions (mkstemp's are 0600)
+    tmp = str(path.with_name(f".{path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"))
+    try:
+        with naming(path):
+            write(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Write to a temporary file next to `path`, then rename: readers never see half a file."""
+    return _replace_atomically(path, lambda tmp: Path(tmp).write_text(text))
 
 
 def write_json(path: Path, data: dict[str, Any]) -> Path:
@@ -103,31 +152,39 @@ def append_metrics(output_dir: str | Path, step: int, logs: dict[str, Any]) -> N
     path = Path(output_dir) / METRICS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"step": step, **{k: _finite(v) for k, v in logs.items()}}
-    with path.open("a") as fh:
+    with naming(path), path.open("a") as fh:
         fh.write(json.dumps(record) + "\n")
 
 
-def cut_back_to_step(output_dir: str | Path, step: int) -> None:
-    """Make the run dir show steps 1..`step` only (a resume from checkpoint-`step`): later
-    `metrics.jsonl` lines and the end-of-training summary go, and so do the completion tables of
-    rollouts sampled at step >= `step` (a table is named by the step its rollout started from)."""
+def split_metrics(output_dir: str | Path, step: int) -> tuple[list[str], list[str]]:
+    """`metrics.jsonl`'s lines as (up to `step`, after it): a resume from checkpoint-`step` keeps
+    the first and sets the second aside. The end-of-training summary line of step `step`, and a
+    line cut short by a kill, belong to the second; blank lines to neither."""
     path = Path(output_dir) / METRICS_FILE
-    if path.is_file():
-        kept = []
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by the kill
-            if row.get("step", 0) < step or (
-                row.get("step") == step and "train_runtime" not in row
-            ):
-                kept.append(line)
-        write_text_atomic(path, "".join(f"{line}\n" for line in kept))
-    tables = Path(output_dir) / COMPLETIONS_DIR
-    for table in tables.glob("step_*.parquet") if tables.is_dir() else ():
-        if int(table.stem.split("_")[1]) >= step:
-            table.unlink()
+    kept: list[str] = []
+    later: list[str] = []
+    for line in path.read_text().splitlines() if path.is_file() else ():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            later.append(line)  # cut short by the kill: kept aside, not read
+            continue
+        at = row.get("step", 0) if isinstance(row, dict) else 0
+        if at < step or (at == step and "train_runtime" not in row):
+            kept.append(line)
+        else:
+            later.append(line)
+    return kept, later
+
+
+def completion_step(table: Path) -> int | None:
+    """The step of a `completions/step_XXXXX.parquet` table (None: not one of ours)."""
+    stem = table.stem
+    if table.suffix != ".parquet" or not stem.startswith("step_") or not stem[5:].isdigit():
+        return None
+    return int(stem[5:])
 
 
 def read_metrics(output_dir: str | Path) -> list[dict[str, Any]]:
@@ -244,31 +301,34 @@ def write_completions_parquet(path: Path, records: dict[str, list[Any]]) -> Path
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    path.parent.mkdir(parents=True, exist_ok=True)
     columns = {
         k: [json.dumps(v) if not isinstance(v, (str, int, float, type(None))) else v for v in vals]
         for k, vals in records.items()
     }
-    tmp = path.with_name(f".{path.name}.tmp")  # renamed when whole: a reader (the report of a
-    pq.write_table(pa.table(columns), tmp)  # run in progress) never sees half a table
-    os.replace(tmp, path)
-    return path
+    table = pa.table(columns)  # renamed when whole: a reader (the report of a run in
+    return _replace_atomically(path, lambda tmp: pq.write_table(table, tmp))  # progress) too
 
 
 __all__ = [
+    "ABANDONED_DIR",
     "CARD_FILE",
     "COMPLETIONS_DIR",
     "CURVE_FILE",
+    "EVAL_BEFORE_KEYS",
     "EVAL_FILE",
     "METRICS_FILE",
+    "LOCK_FILE",
     "RECIPE_FILE",
     "REPORT_FILE",
     "RUN_INFO_FILE",
     "RUN_MARKERS",
     "RUN_OUTPUTS",
+    "SAVED_BESIDE",
+    "STAGING_DIR",
     "append_metrics",
     "completions_file",
-    "cut_back_to_step",
+    "split_metrics",
+    "completion_step",
     "load_run_info",
     "read_json",
     "read_metrics",

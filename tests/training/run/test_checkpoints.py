@@ -8,13 +8,15 @@ import json
 import re
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from grpo_plugin.training.run import checkpoints
 
 
 def _complete(folder, step_state=True):
     folder.mkdir(parents=True)
-    (folder / "adapter_model.safetensors").write_bytes(b"weights")
+    save_file({"w": torch.zeros(2)}, folder / "adapter_model.safetensors")
     if step_state:
         (folder / "trainer_state.json").write_text(json.dumps({"global_step": 1}))
     return folder
@@ -113,3 +115,37 @@ def test_a_stale_folder_of_the_same_step_is_replaced(tmp_path):
         "adapter_model.safetensors",
         "trainer_state.json",
     ]
+
+
+def test_a_damaged_checkpoint_is_refused_naming_the_file_and_the_earlier_whole_one(tmp_path):
+    _complete(tmp_path / "checkpoint-2")
+    newest = _complete(tmp_path / "checkpoint-4")
+    weights = newest / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-3])  # cut short
+    for value in ("true", str(newest)):
+        with pytest.raises(ValueError) as caught:
+            checkpoints.resolve_resume(tmp_path, value)
+        assert str(caught.value) == (
+            f"{weights} is damaged: it holds {weights.stat().st_size} bytes where its header "
+            f"describes {weights.stat().st_size + 3}. Nothing was changed; restore the file from a "
+            "copy, or resume from the earlier whole checkpoint with --resume_from_checkpoint "
+            f"{tmp_path / 'checkpoint-2'}."
+        )
+    (tmp_path / "checkpoint-2" / "trainer_state.json").write_text("{")  # no whole one left
+    with pytest.raises(ValueError, match="or start over with --overwrite_output_dir"):
+        checkpoints.resolve_resume(tmp_path, "true")
+
+
+def test_a_run_file_a_resume_reads_must_parse(tmp_path):
+    _complete(tmp_path / "checkpoint-2")
+    (tmp_path / "eval.json").write_text('{"before": {"accuracy": 0.')  # cut short
+    with pytest.raises(ValueError, match=r"eval.json is damaged: it is not valid JSON .* fix or"):
+        checkpoints.resolve_resume(tmp_path, "true")
+
+
+def test_a_checkpoint_set_aside_by_an_earlier_resume_is_refused(tmp_path):
+    aside = _complete(tmp_path / "abandoned" / "after-step-2-20261206-120000" / "checkpoint-4")
+    _complete(tmp_path / "checkpoint-2")
+    assert checkpoints.resolve_resume(tmp_path, "true") == str(tmp_path / "checkpoint-2")
+    with pytest.raises(ValueError, match="belongs to a timeline an earlier resume set aside"):
+        checkpoints.resolve_resume(tmp_path, str(aside))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 
 import pytest
@@ -199,3 +200,66 @@ def test_non_finite_advantages_name_the_largest_reward():
         NonFiniteError, match=r"step 8: the advantages .* \(largest \|reward\| 3e\+38\)"
     ):
         check_advantages(rewards - rewards.sum(), rewards, 7)  # float32 sum overflows: -inf
+
+
+def _tables(out) -> list[str]:
+    return sorted(p.name for p in (out / "completions").iterdir())
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_tokenizer, tmp_path_factory):
+    """The 5-step run of `uninterrupted`, with completions: checkpoints 2, 4 and 5."""
+    out = tmp_path_factory.mktemp("finished") / "out"
+    trainer_for(tiny_tokenizer, out, log_completions=True).train()
+    return out
+
+
+def test_a_resume_that_fails_to_load_changes_nothing(tiny_tokenizer, tmp_path, finished_run):
+    """optimizer.pt whole (its checksums hold) but not this run's: the Trainer fails to load it.
+    The records after checkpoint-4 were cut before the load (steps lost for good); now the run
+    folder is touched only once the checkpoint is loaded."""
+    out = tmp_path / "out"
+    shutil.copytree(finished_run, out)
+    shutil.rmtree(out / "checkpoint-5")
+    torch.save({"state": {}, "param_groups": []}, out / "checkpoint-4" / "optimizer.pt")
+    before = (out / "metrics.jsonl").read_text(), _tables(out)
+    with pytest.raises(ValueError, match="parameter group"):
+        trainer_for(tiny_tokenizer, out, log_completions=True).train(resume_from_checkpoint=True)
+    assert ((out / "metrics.jsonl").read_text(), _tables(out)) == before
+    assert not (out / "abandoned").exists()
+
+
+def test_true_never_resumes_an_abandoned_timeline(tiny_tokenizer, tmp_path, finished_run):
+    """Resume from checkpoint-2 to step 3 with another learning rate, then resume with `True`:
+    it continues the new timeline from checkpoint-3, not the old one's checkpoint-5."""
+    out = tmp_path / "out"
+    shutil.copytree(finished_run, out)
+    branch = trainer_for(tiny_tokenizer, out, log_completions=True, max_steps=3, learning_rate=1e-2)
+    branch.train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    assert [p.name for p in sorted(out.glob("checkpoint-*"))] == ["checkpoint-2", "checkpoint-3"]
+    (aside,) = (out / "abandoned").iterdir()
+    assert sorted(p.name for p in aside.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-5"]
+    new_step_3 = [r for r in metric_lines(out) if r["step"] == 3 and "loss" in r]
+    resumed = trainer_for(tiny_tokenizer, out, log_completions=True, learning_rate=1e-2)
+    resumed.train(resume_from_checkpoint=True)
+    rows = [r for r in metric_lines(out) if "loss" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]  # one continuous history
+    assert [r for r in rows if r["step"] == 3] == new_step_3  # the new timeline's step 3
+    assert [r["step"] for r in metric_lines(aside) if "loss" in r] == [3, 4, 5]  # kept aside
+    assert _tables(out) == _tables(finished_run)  # one rollout per 6 steps here: step 0's
+
+
+def test_the_training_time_counts_the_whole_run(tiny_tokenizer, tmp_path, finished_run):
+    out = tmp_path / "out"
+    shutil.copytree(finished_run, out)
+    shutil.rmtree(out / "checkpoint-4")
+    shutil.rmtree(out / "checkpoint-5")
+    record = json.loads((out / "checkpoint-2" / "grpo_resume.json").read_text())
+    assert record["train_seconds"] > 0  # each checkpoint records the time trained up to it
+    record["train_seconds"] = 1000.0  # as if steps 1-2 had taken that long
+    (out / "checkpoint-2" / "grpo_resume.json").write_text(json.dumps(record))
+    resumed = trainer_for(tiny_tokenizer, out, log_completions=True)
+    resumed.train(resume_from_checkpoint=True)
+    assert 1000.0 < resumed.resume_plan.train_seconds < 1000.0 + 3600
+    saved = json.loads((out / "checkpoint-5" / "grpo_resume.json").read_text())
+    assert 1000.0 < saved["train_seconds"] <= resumed.resume_plan.train_seconds

@@ -65,14 +65,19 @@ def test_the_lock_is_reentrant_within_a_process(tmp_path):
     assert not run_lock.is_claimed(tmp_path)
 
 
-def _old_run(out):
+CARD = "---\nlibrary_name: peft\ntags:\n- grpo\n- grpo-plugin\n---\n\n# run\n"
+
+
+def _old_run(out, notes=False):
     (out / "completions").mkdir(parents=True)
     (out / "completions" / "step_00000.parquet").write_bytes(b"x")
     (out / "metrics.jsonl").write_text('{"step": 1}\n')
     (out / "checkpoint-2").mkdir()
-    (out / "README.md").write_text("model card")
+    (out / "README.md").write_text(CARD)  # the model card a run writes
     (out / "adapter_model.safetensors").write_bytes(b"w")
-    (out / "my_notes.txt").write_text("not the run's")
+    (out / "tokenizer.json").write_text("{}")
+    if notes:
+        (out / "my_notes.txt").write_text("not the run's")
 
 
 def test_a_rerun_is_refused_unless_it_resumes_or_overwrites(tmp_path):
@@ -86,17 +91,26 @@ def test_a_rerun_is_refused_unless_it_resumes_or_overwrites(tmp_path):
 
 
 def test_overwrite_deletes_only_what_a_run_writes(tmp_path):
-    _old_run(tmp_path)
-    run_lock.claim(tmp_path, resume=False, overwrite=True)
+    _old_run(tmp_path, notes=True)
+    with pytest.raises(ValueError, match=r"holds files no run of grpo-plugin wrote \(my_notes"):
+        run_lock.claim(tmp_path, resume=False, overwrite=True)  # a user's file: asked first
+    assert (tmp_path / "metrics.jsonl").exists()
+    run_lock.claim(tmp_path, resume=False, overwrite=True, others_ok=True)
     run_lock.release(tmp_path)
     assert sorted(os.listdir(tmp_path)) == ["my_notes.txt"]
 
 
-def test_overwrite_leaves_a_directory_without_a_run_alone(tmp_path):
+def test_a_users_readme_is_never_written_over_nor_deleted(tmp_path):
     (tmp_path / "README.md").write_text("a user's own readme")  # no run markers beside it
-    run_lock.claim(tmp_path, resume=False, overwrite=True)
-    run_lock.release(tmp_path)
+    for others_ok in (False, True):
+        with pytest.raises(ValueError, match="holds README.md, which no run of grpo-plugin wrote"):
+            run_lock.claim(tmp_path, resume=False, overwrite=True, others_ok=others_ok)
+    _old_run(tmp_path / "run")
+    (tmp_path / "run" / "README.md").write_text("# My notes on this run\n")  # not our card
+    with pytest.raises(ValueError, match="holds README.md, which no run"):
+        run_lock.claim(tmp_path / "run", resume=True, overwrite=False, others_ok=True)
     assert (tmp_path / "README.md").read_text() == "a user's own readme"
+    assert (tmp_path / "run" / "README.md").read_text() == "# My notes on this run\n"
 
 
 def test_lock_holder_names_another_process_and_only_while_it_holds(tmp_path):
