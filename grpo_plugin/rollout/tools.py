@@ -129,7 +129,7 @@ def _call(tool: Tool, arguments: dict[str, Any], timeout: float) -> Outcome:
         return True, _invoke(tool, arguments, timeout)
     except asyncio.TimeoutError:
         return False, f"{tool.name} timed out after {timeout:g} s"
-    except BaseException as err:  # the model is told; the run goes on (SystemExit included)
+    except (Exception, SystemExit) as err:  # the model is told; the run goes on
         return False, f"{tool.name} raised {type(err).__name__}: {err}"
 
 

@@ -73,9 +73,7 @@ def _find_failing_index(fn: Callable, kwargs: dict[str, Any]) -> int | None:
         }
         try:
             fn(**single)
-        except (CallTimeout, KeyboardInterrupt):
-            raise
-        except BaseException:
+        except (Exception, SystemExit):
             return i
     return None
 
@@ -85,9 +83,7 @@ def _call_naming_failure(fn: Callable, kwargs: dict[str, Any]) -> Any:
     the sample."""
     try:
         return fn(**kwargs)
-    except (CallTimeout, KeyboardInterrupt):
-        raise
-    except BaseException as err:
+    except (Exception, SystemExit) as err:  # not Ctrl-C, a time limit or a stop on a signal
         index = _find_failing_index(fn, kwargs)
         where = f" on sample {index}" if index is not None else ""
         hint = (
