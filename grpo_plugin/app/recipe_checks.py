@@ -18,6 +18,7 @@ from typing import Any
 import reward_fns
 
 from ..training.config.grpo_config import GRPOConfig
+from ..training.config.number_checks import check_reward_weights
 from ..training.evaluation.setup import check_eval_setup, resolve_eval_metrics
 from ..training.rewards.context import TRAINER_KWARGS
 from ..training.rewards.reward_models import resolve_reward_name
@@ -191,11 +192,10 @@ def check_recipe(recipe: Recipe) -> list[Callable]:
     except (ValueError, TypeError) as err:
         raise RecipeError(one_line(err)) from err
     rewards = resolve_rewards(recipe)
-    weights = recipe.config.reward_weights
-    if weights is not None and len(weights) != len(rewards):
-        raise RecipeError(
-            f"reward_weights has {len(weights)} entries for {len(rewards)} reward functions; give one each"
-        )
+    try:  # a recipe has no environment rewards: all-zero weights would learn nothing
+        check_reward_weights(recipe.config.reward_weights, len(rewards))
+    except ValueError as err:
+        raise RecipeError(one_line(err)) from err
     columns = known_columns(recipe.args.dataset)
     if columns is not None:
         check_reward_columns(rewards, columns, "the dataset")

@@ -9,7 +9,6 @@ memory autopilot's plan alike. `config` is always a `GRPOConfig` (not imported: 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
 
@@ -32,26 +31,6 @@ MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 SAMPLER_KWARGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 ROLLOUT_PRECISIONS = ("policy", "auto", "bf16", "fp16")
 CACHE_IMPLEMENTATIONS = (None, "dynamic", "static")
-
-
-_NUMBER_TYPES = {"int": (int,), "float": (int, float)}
-
-
-def check_number_fields(config: Any) -> None:
-    """A field typed `int` or `float` (not optional) holds a number: `temperature=None` or
-    `num_generations="8"` from Python would otherwise fail later as a bare TypeError."""
-    for f in dataclasses.fields(config):
-        kinds = _NUMBER_TYPES.get(
-            f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
-        )
-        value = getattr(config, f.name)
-        if (
-            kinds
-            and f.default is not None
-            and (isinstance(value, bool) or not isinstance(value, kinds))
-        ):
-            word = "an integer" if f.type in ("int", int) else "a number"
-            raise ValueError(f"{f.name}={value!r} must be {word}; e.g. {f.name}={f.default!r}.")
 
 
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:

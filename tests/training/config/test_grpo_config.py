@@ -146,3 +146,42 @@ def test_an_invalid_batch_plan_raises_the_users_error(tmp_path, kw, plan, messag
 def test_the_users_sizes_raise_the_same_error_as_a_plan(tmp_path):
     with pytest.raises(ValueError, match="generation_batch_size=12 must be divisible by the glob"):
         make(tmp_path, per_device_train_batch_size=8, num_generations=4, generation_batch_size=12)
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [  # issue 45: `--reward_weights nan` trained nothing (every advantage 0) and exited 0
+        ({"reward_weights": [NAN]}, r"reward_weights\[0\]=nan must be a finite number"),
+        ({"reward_weights": [1.0, INF]}, r"reward_weights\[1\]=inf must be a finite number"),
+        ({"reward_weights": [1.0, "2"]}, r"reward_weights\[1\]='2' must be a finite number"),
+        ({"reward_weights": 1.0}, r"reward_weights=1.0 must be a list with one number per"),
+        # NaN passed every `x <= 0` check; infinity where it is no setting
+        ({"temperature": NAN}, "temperature=nan must be a finite number"),
+        ({"temperature": INF}, "temperature=inf must be a finite number"),
+        ({"beta": NAN}, "beta=nan must be a finite number"),
+        ({"entropy_coef": NAN}, "entropy_coef=nan must be a finite number"),
+        ({"num_train_epochs": NAN}, "num_train_epochs=nan must be a finite number"),
+        ({"reward_timeout": INF}, "reward_timeout=inf must be a finite number"),
+        ({"max_grad_norm": NAN}, "max_grad_norm=nan must be a finite number"),
+        ({"max_grad_norm": -INF}, "max_grad_norm=-inf must be a finite number"),
+        ({"delta": "big"}, "delta='big' must be a number"),
+        # what torch's AdamW refused only once the model had loaded
+        ({"adam_beta1": 1.5}, r"adam_beta1=1.5 must be in \[0, 1\)"),
+        ({"adam_beta2": -0.1}, r"adam_beta2=-0.1 must be in \[0, 1\)"),
+        ({"adam_epsilon": -1e-8}, "adam_epsilon=-1e-08 must be >= 0"),
+        ({"weight_decay": -0.1}, "weight_decay=-0.1 must be >= 0"),
+    ],
+)
+def test_non_finite_and_out_of_range_numbers_are_refused(tmp_path, kw, message):
+    with pytest.raises(ValueError, match=message):
+        make(tmp_path, **kw)
+
+
+def test_infinity_where_it_means_no_bound_is_accepted(tmp_path):
+    c = make(tmp_path, max_grad_norm=INF, epsilon_high=INF, sampling_correction_clip_max=INF)
+    assert c.max_grad_norm == INF and c.sampling_correction_clip_max == INF
+    # all-zero weights stay allowed here: an environment's reward (weight 1) may be the one learned
+    assert make(tmp_path, reward_weights=[0.0, 0]).reward_weights == [0.0, 0]
