@@ -149,7 +149,33 @@ def _load_table(path_or_hub_id: str, split: str) -> Dataset:
             message = " ".join(str(cause).split())[:300]
             raise ValueError(f"{path}: cannot be read as {builder}: {message}") from None
     config = "main" if path_or_hub_id == GSM8K_HUB_ID else None
-    return load_dataset(path_or_hub_id, config, split=split)
+    return _load_hub_dataset(path_or_hub_id, config, split)
+
+
+def _load_hub_dataset(hub_id: str, config: str | None, split: str) -> Dataset:
+    """A Hub dataset's split; one line, at once, when the Hub cannot be reached and no cached
+    copy can be used (`datasets` retried for half a minute, then raised ConnectionError)."""
+    from datasets import load_dataset
+
+    from ..training import hub_access
+
+    local = (
+        "--dataset.path TRAIN.jsonl --dataset.eval_path TEST.jsonl (recipe keys path, eval_path)"
+    )
+    unreachable = hub_access.unreachable_reason(datasets=True)
+    if unreachable and not hub_access.offline(datasets=True):
+        raise ValueError(
+            f"dataset {hub_id!r} is on the Hugging Face Hub and {unreachable}; point the "
+            f"dataset at local files: {local}, or set HF_HUB_OFFLINE=1 to use a cached copy."
+        )
+    try:
+        return load_dataset(hub_id, config, split=split)
+    except ConnectionError as err:  # offline (or the network failed) and no cached copy
+        why = unreachable or f"the Hub failed ({' '.join(str(err).split())[:200]})"
+        raise ValueError(
+            f"dataset {hub_id!r} is not in the local cache and {why}; point the dataset at "
+            f"local files: {local}, or download it once with network."
+        ) from None
 
 
 def _take(dataset: Dataset, n: int | None) -> Dataset:
@@ -281,6 +307,15 @@ def validate_dataset_spec(spec: dict[str, Any]) -> None:
             raise ValueError(f"dataset: {key} must be an integer, got {value!r}")
     if spec.get("validation_size", 0) < 0:
         raise ValueError("dataset: validation_size must be >= 0 (0: no validation split)")
+    if spec.get("train_size", 1) < 1:
+        raise ValueError(
+            f"dataset: train_size={spec['train_size']} leaves no prompts to train on; give at "
+            "least one rollout's prompts (or leave it out: the whole training data)"
+        )
+    if spec.get("eval_size", 0) < 0:
+        raise ValueError(
+            f"dataset: eval_size={spec['eval_size']} must be >= 0 (0: no held-out set)"
+        )
     if name == "arithmetic":
         return
     if name is None and "path" not in spec:

@@ -73,6 +73,10 @@ def load_checked_data(recipe: Recipe, rewards: list[Callable]) -> RecipeData:
     except (ValueError, FileNotFoundError) as err:
         raise RecipeError(one_line(err)) from err
     data = RecipeData(splits.train, splits.test, validation=splits.validation)
+    try:
+        inputs.check_train_size(data.train, recipe.config)
+    except ValueError as err:
+        raise RecipeError(one_line(err)) from err
     for name, dataset in data.named():  # the first reward scores the evaluations
         check_reward_columns(
             rewards if dataset is data.train else rewards[:1], dataset.column_names, name
@@ -92,10 +96,17 @@ def check_lengths(recipe: Recipe, data: RecipeData) -> None:
     from ..training.policy import prepare_tokenizer
 
     c = recipe.config
-    source = resolve_model_path(recipe.args.model)
     remote = bool(c.trust_remote_code)
-    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(source, trust_remote_code=remote))
-    config = AutoConfig.from_pretrained(source, trust_remote_code=remote)
+    try:
+        source = resolve_model_path(recipe.args.model)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=remote)
+        config = AutoConfig.from_pretrained(source, trust_remote_code=remote)
+    except (OSError, ValueError) as err:  # no tokenizer files, a broken config.json, ...
+        raise RecipeError(
+            f"model {recipe.args.model}: its tokenizer and config cannot be read "
+            f"({one_line(err)[:300]}); give a model folder or Hub id with both"
+        ) from err
+    tokenizer = prepare_tokenizer(tokenizer)
     for name, dataset in data.named():
         try:
             inputs.check_prompt_lengths(dataset, tokenizer, config, c, name)

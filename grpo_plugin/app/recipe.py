@@ -301,7 +301,15 @@ def build_recipe(raw: dict[str, Any], source: str | None = None) -> Recipe:
 
 
 def load_recipe(path: str | Path | None, flags: Sequence[str] = ()) -> Recipe:
-    """Read a recipe YAML (or none: all defaults), apply the command-line flags, build it."""
+    """Read a recipe YAML (or none: all defaults), apply the command-line flags, build it.
+
+    A built-in recipe's name (`tool_use`) becomes its file's path: the files it names (tools,
+    rewards, eval_metrics) are looked up next to the file, not in the working directory."""
+    if path is not None:
+        try:
+            path = find_recipe(path)
+        except FileNotFoundError as err:
+            raise RecipeError(one_line(err)) from err
     base = read_yaml(path) if path is not None else {}
     raw = merge(base, parse_overrides(flags))
     return build_recipe(raw, str(path) if path is not None else None)

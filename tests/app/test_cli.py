@@ -274,3 +274,21 @@ def test_export_bad_input_one_line(full_run, capsys, flags, expected):
 def test_export_of_a_dir_without_weights(tmp_path, capsys):
     assert cli.main(["export", str(tmp_path), "--gguf", "f16"]) == 2
     assert "holds no adapter and no full model" in _one_error_line(capsys)
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [  # issue 45: each ended in a traceback (or, --batch-size 0, ran) once the model had loaded
+        (["--eval-size", "0"], "--eval-size=0 must be >= 1"),
+        (["--k", "-3"], "--k=-3 must be an integer >= 0"),
+        (["--max-new-tokens", "0"], "--max-new-tokens=0 must be an integer >= 1"),
+        (["--batch-size", "0"], "--batch-size=0 must be an integer >= 1"),
+        (["--tool", "python", "--tool-timeout", "-1"], "tool_timeout=-1.0 must be > 0 seconds"),
+    ],
+)
+def test_eval_refuses_bad_options_before_loading(
+    tiny_model_dir, capsys, no_model_load, flags, expected
+):
+    base = ["eval", "--model", str(tiny_model_dir), "--dataset", "arithmetic"]
+    assert cli.main([*base, "--reward", "last_integer", *flags]) == 2
+    assert expected in _one_error_line(capsys)

@@ -226,3 +226,15 @@ def test_a_reward_file_next_to_the_recipe(tmp_path, monkeypatch, spec):
     path.write_text("dataset: {name: arithmetic}\nreward_funcs: ['fr_nope:lenrew']\n")
     with pytest.raises(RecipeError, match=r"cannot import 'fr_nope'; tried .*PYTHONPATH"):
         check_recipe(load_recipe(path))
+
+
+def test_a_builtin_recipe_by_name_finds_its_tool_file_from_any_folder(tmp_path, monkeypatch):
+    # issue 45: `grpo-plugin train tool_use` looked for tool_use_tools.py beside the *name*,
+    # i.e. in the working directory, so it worked only from inside recipes/
+    from grpo_plugin.app.recipe_checks import recipe_tools
+
+    monkeypatch.chdir(tmp_path)
+    recipe = load_recipe("tool_use")
+    assert Path(recipe.source).resolve() == (ROOT / "recipes" / "tool_use.yaml").resolve()
+    (multiply,) = recipe_tools(recipe)
+    assert multiply(a=12, b=34) == 408

@@ -184,9 +184,25 @@ def resolve_pad_multiple(value: int | str | None) -> int | None:
     return value
 
 
+MAPPING_FIELDS = ("model_init_kwargs", "generation_kwargs", "chat_template_kwargs")
+
+
+def check_mapping_fields(config: Any) -> None:
+    """After TrainingArguments (which parses a JSON string `{...}` into a dict): each keyword
+    argument field is a mapping or None, not a string that would fail when it is used."""
+    for name in MAPPING_FIELDS:
+        value = getattr(config, name)
+        if value is not None and not isinstance(value, dict):
+            raise ValueError(
+                f"{name}={value!r} must be a mapping (a JSON object on the command line), e.g. "
+                f"""{name}='{{"key": "value"}}', or None."""
+            )
+
+
 def apply_generation_kwargs(config: Any) -> None:
     """Copy the `generation_kwargs` our sampler honours onto their fields; refuse the rest
     unless at transformers' default (after TrainingArguments, which parses a JSON string)."""
+    check_mapping_fields(config)
     for key, value in (config.generation_kwargs or {}).items():
         if key in SAMPLER_KWARGS:
             setattr(config, key, value)

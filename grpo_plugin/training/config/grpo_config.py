@@ -478,7 +478,12 @@ class GRPOConfig(TrainingArguments):
         True,
     )
 
-    _VALID_DICT_FIELDS = TrainingArguments._VALID_DICT_FIELDS + ["generation_kwargs"]
+    # JSON strings `{...}` of these become dicts in TrainingArguments.__post_init__
+    _VALID_DICT_FIELDS = TrainingArguments._VALID_DICT_FIELDS + [
+        "generation_kwargs",
+        "model_init_kwargs",
+        "chat_template_kwargs",
+    ]
 
     def __post_init__(self) -> None:
         # Before TrainingArguments' own, which would default (eval_steps, bf16) or refuse
