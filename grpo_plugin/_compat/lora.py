@@ -26,7 +26,19 @@ from typing import Any
 
 import torch
 
-__all__ = ["fuse_lora_linears", "lora_variant_fields"]
+__all__ = ["LORA_INIT_OPTIONS", "fuse_lora_linears", "lora_init_known", "lora_variant_fields"]
+
+# peft 0.21's `init_lora_weights` strings (besides True/False); "pissa_niter_N" too. peft checks
+# them only when it builds the adapter, after the model has loaded.
+LORA_INIT_OPTIONS = ("gaussian", "eva", "olora", "pissa", "corda", "loftq", "orthogonal", "mica")
+
+
+def lora_init_known(value: Any) -> bool:
+    """Whether peft 0.21 knows the `init_lora_weights` string `value`."""
+    if not isinstance(value, str):
+        return False
+    niter = value.removeprefix("pissa_niter_")
+    return value in LORA_INIT_OPTIONS or (niter != value and niter.isdigit())
 
 
 def lora_variant_fields(config: Any) -> list[str]:

@@ -299,8 +299,12 @@ def validate_dataset_spec(spec: dict[str, Any]) -> None:
             "or omit `name` and give `path` to a file with a `prompt` column"
         )
     _check_unknown_keys(spec, name)
-    if not isinstance(spec.get("shots", []), list):
+    shots = spec.get("shots", [])
+    if not isinstance(shots, list) or not all(isinstance(m, dict) and "role" in m for m in shots):
         raise ValueError("dataset: shots must be a list of messages ({role, content, ...})")
+    for key in ("system_prompt", "template", "operation"):
+        if key in spec and not isinstance(spec[key], str):
+            raise ValueError(f"dataset: {key} must be a string, got {spec[key]!r}")
     for key in _INTEGER_KEYS:
         value = spec.get(key, 0)
         if not isinstance(value, int) or isinstance(value, bool):

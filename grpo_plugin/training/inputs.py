@@ -65,6 +65,8 @@ def _existing_ancestor(path: Path) -> Path:
 
 
 def check_output_dir(output_dir: str | os.PathLike) -> None:
+    if not str(output_dir).strip():
+        raise ValueError("output_dir is empty; give the folder the run writes to.")
     path = Path(output_dir).expanduser()
     if path.exists() and not path.is_dir():
         raise ValueError(

@@ -15,9 +15,24 @@ from typing import Any
 
 import torch
 
-from .._compat import lora_variant_fields
+from .._compat import (
+    LORA_INIT_OPTIONS,
+    lora_init_known,
+    lora_variant_fields,
+    moe_router_config_of,
+)
 
 _NO_COPY = "use rollout_precision='policy'"
+_LORA_BIAS = ("none", "all", "lora_only")
+# `from_pretrained` keywords about loading (files, devices, quantization, dtype), not the model:
+# an empty model is built with the rest of `model_init_kwargs`
+_LOAD_ONLY = frozenset(
+    "adapter_kwargs adapter_name cache_dir device_map device_mesh dtype force_download gguf_file "
+    "key_mapping kernel_config local_files_only low_cpu_mem_usage max_memory offload_buffers "
+    "offload_folder offload_state_dict output_loading_info proxies quantization_config revision "
+    "subfolder token torch_dtype tp_plan tp_size trust_remote_code use_kernels use_safetensors "
+    "variant weights_only".split()
+)
 
 
 def check_lora(peft_config: Any) -> None:
@@ -39,6 +54,28 @@ def check_lora(peft_config: Any) -> None:
     dropout = getattr(peft_config, "lora_dropout", 0.0)
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
         raise ValueError(f"lora: lora_dropout={dropout!r} must be in [0, 1), e.g. 0.0.")
+    bias = getattr(peft_config, "bias", "none")
+    if bias not in _LORA_BIAS:
+        raise ValueError(
+            f"lora: bias={bias!r} is not supported; use one of {', '.join(_LORA_BIAS)}."
+        )
+    init = getattr(peft_config, "init_lora_weights", True)
+    if not isinstance(init, bool) and not lora_init_known(init):
+        raise ValueError(
+            f"lora: init_lora_weights={init!r} is not one peft knows; use true (the default), "
+            f"false or one of {', '.join(LORA_INIT_OPTIONS)}."
+        )
+
+
+def check_reference_setup(args: Any, peft_config: Any) -> None:
+    """`sync_ref_model` moves a separate reference towards the policy; a LoRA policy's reference
+    is its own base with the adapter off (refused once the model had loaded, before)."""
+    if args.sync_ref_model and peft_config is not None:
+        raise ValueError(
+            "sync_ref_model=True needs a separate reference model, and a PEFT policy's "
+            "reference is its base with the adapter off; train without a LoRA adapter or set "
+            "sync_ref_model=False."
+        )
 
 
 def _device_type(args: Any) -> str:
@@ -87,3 +124,75 @@ def check_copy_setup(args: Any, peft_config: Any, init_kwargs: dict[str, Any]) -
             f"rollout_precision='fp16' with the policy on {device}: fbgemm's fp16 layers run on "
             "a CPU only; use rollout_precision='bf16' (or 'auto')."
         )
+
+
+def check_against_model_config(
+    args: Any, peft_config: Any, config: Any, init_kwargs: dict[str, Any]
+) -> None:
+    """What needs the model's config but not its weights (`grpo-plugin train` reads the config
+    before loading): `router_aux_loss_coef` on a model without a router; `model_init_kwargs`
+    the model refuses (an unknown `attn_implementation`, a keyword its class does not take);
+    LoRA `target_modules` that match no module, or the LM head with `cast_lm_head_to_fp32`.
+    Both on an empty (meta-device) model built from the config."""
+    kind = getattr(config, "model_type", "model")
+    if args.router_aux_loss_coef and moe_router_config_of(config) is None:
+        raise ValueError(
+            f"router_aux_loss_coef={args.router_aux_loss_coef} is set but this {kind} model is "
+            "not a Mixture-of-Experts model that returns router logits; leave it None."
+        )
+    extra = {k: v for k, v in init_kwargs.items() if k not in _LOAD_ONLY}
+    targets = getattr(peft_config, "target_modules", None)
+    # None: peft's defaults for the architecture; 'all-linear': every linear layer but the head
+    named = not (targets is None or isinstance(targets, str) and targets.lower() == "all-linear")
+    if not (extra or named):
+        return
+    remote = bool(init_kwargs.get("trust_remote_code"))
+    model = _empty_model(config, remote, {})
+    if model is None:
+        return  # no empty model for this config: the load will tell
+    if extra:
+        try:
+            _empty_model(config, remote, extra, strict=True)
+        except Exception as err:  # noqa: BLE001 - it builds without them: they are the fault
+            text = " ".join(str(err).split())[:300]
+            raise ValueError(f"model_init_kwargs {sorted(extra)}: {text}") from None
+    if not named:
+        return
+    head_module = model.get_output_embeddings()
+    names = [name for name, _ in model.named_modules()]
+    head = next((n for n, m in model.named_modules() if m is head_module), None)
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    matched = {name for name in names if check_target_module_exists(peft_config, name)}
+    if not matched:
+        shown = sorted(targets) if isinstance(targets, (set, list, tuple)) else targets
+        raise ValueError(
+            f"lora: target_modules={shown!r} match no module of this {kind} model; use "
+            "'all-linear' or module names such as q_proj, v_proj."
+        )
+    if args.cast_lm_head_to_fp32 and head in matched:
+        raise ValueError(
+            "cast_lm_head_to_fp32=True is not supported with a LoRA adapter on lm_head: remove "
+            f"{head!r} from the adapter's target_modules, or set cast_lm_head_to_fp32=False."
+        )
+
+
+def _empty_model(config: Any, remote: bool, kwargs: dict[str, Any], strict: bool = False):
+    """A meta-device model of `config` (no memory, no weights), built with `kwargs` as
+    `from_pretrained` would apply them (those naming a config attribute set it); None when it
+    cannot be built, or the error itself when `strict`."""
+    import copy
+
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    config, kwargs = copy.deepcopy(config), dict(kwargs)
+    for key in [k for k in kwargs if k != "attn_implementation" and hasattr(config, k)]:
+        setattr(config, key, kwargs.pop(key))
+    try:
+        with init_empty_weights():
+            return AutoModelForCausalLM.from_config(config, trust_remote_code=remote, **kwargs)
+    except Exception:  # noqa: BLE001 - best effort: the real load reports its own error
+        if strict:
+            raise
+        return None

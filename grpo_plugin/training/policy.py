@@ -28,7 +28,7 @@ from .._compat import (
     unwrap_peft,
 )
 from ..models import resolve_model_path
-from .model_checks import check_copy_setup, check_lora
+from .model_checks import check_copy_setup, check_lora, check_reference_setup
 
 logger = logging.getLogger(__name__)
 
@@ -157,6 +157,7 @@ def trainer_init_kwargs(
     kwargs.setdefault("trust_remote_code", args.trust_remote_code)
     kwargs = model_init_kwargs(kwargs, bf16=args.bf16)
     peft = lora_config(peft_config) if peft_config is not None else None
+    check_reference_setup(args, peft)
     if isinstance(model, str):
         check_copy_setup(args, peft, kwargs)
     return kwargs

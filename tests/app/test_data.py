@@ -134,6 +134,9 @@ def test_load_spec_custom_jsonl_and_parquet(tmp_path):
         ({"name": "arithmetic", "train_size": 0}, "train_size=0 leaves no prompts to train on"),
         ({"path": "x.jsonl", "train_size": -3}, "train_size=-3 leaves no prompts"),
         ({"name": "gsm8k", "eval_size": -1}, r"eval_size=-1 must be >= 0 \(0: no held-out set\)"),
+        # pyarrow's "cannot mix struct and non-struct" / "tried to convert to int64" before
+        ({"name": "arithmetic", "shots": [1, 2]}, "shots must be a list of messages"),
+        ({"name": "arithmetic", "system_prompt": 5}, "system_prompt must be a string, got 5"),
         ("arithmetic", "must be a mapping"),
     ],
 )

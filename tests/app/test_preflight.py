@@ -239,6 +239,24 @@ LATE_FAILURES = [
     (["--eval.max_new_tokens", "0"], "eval.max_new_tokens=0 must be an integer >= 1"),
     (["--eval.reward", "no_such_reward"], "unknown reward 'no_such_reward'"),
     (["--model", "embedded:nosuch"], "Unknown embedded model 'embedded:nosuch'"),
+    # found by trying more (issue 45's "look for more such fields")
+    (["--lora.r", "4", "--beta", "0.04", "--sync_ref_model", "true"],
+     "sync_ref_model=True needs a separate reference model"),
+    (["--router_aux_loss_coef", "0.5"], "router_aux_loss_coef=0.5 is set but this llama model"),
+    (["--lora.r", "4", "--lora.target_modules", "[nosuch]"],
+     "lora: target_modules=['nosuch'] match no module of this llama model"),
+    (["--lora.r", "4", "--lora.bias", "nosuch"], "lora: bias='nosuch' is not supported"),
+    (["--lora.r", "4", "--lora.target_modules", "[q_proj, lm_head]", "--cast_lm_head_to_fp32",
+      "true"], "cast_lm_head_to_fp32=True is not supported with a LoRA adapter on lm_head"),
+    (["--seed", "-1"], "seed=-1 must be in [0, 2**32 - 1]"),
+    (["--per_device_train_batch_size", "0"], "per_device_train_batch_size=0 must be >= 1"),
+    (["--max_prompt_length", "0"], "max_prompt_length=0 must be >= 1"),
+    (["--output_dir", ""], "output_dir is empty"),
+    (["--model_init_kwargs", '{"attn_implementation": "nosuch"}'],
+     "model_init_kwargs ['attn_implementation']: Specified `attn_implementation=\"nosuch\"`"),
+    (["--model_init_kwargs", '{"foo": 1}'], "unexpected keyword argument 'foo'"),
+    (["--lora.r", "4", "--lora.init_lora_weights", "nosuch"], "init_lora_weights='nosuch'"),
+    (["--reward_funcs", "{name: x, params: {a: ]"], "reward_funcs entry '{name: x, params: {a: ]'"),
 ]  # fmt: skip
 
 

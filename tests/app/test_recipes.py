@@ -238,3 +238,16 @@ def test_a_builtin_recipe_by_name_finds_its_tool_file_from_any_folder(tmp_path, 
     assert Path(recipe.source).resolve() == (ROOT / "recipes" / "tool_use.yaml").resolve()
     (multiply,) = recipe_tools(recipe)
     assert multiply(a=12, b=34) == 408
+
+
+def test_list_flags_take_a_yaml_list_as_the_yaml_does():
+    # `--reward_funcs '[{name: soft_overlong, ...}]'` was one reward named "[{name: ..."
+    flags = ["--reward_funcs", "[last_integer, {name: soft_overlong, params: {cache_length: 4}}]"]
+    recipe = load_recipe(None, ["--dataset.name", "arithmetic", *flags, "--tools", "[python]"])
+    assert recipe.args.reward_funcs == [
+        "last_integer",
+        {"name": "soft_overlong", "params": {"cache_length": 4}},
+    ]
+    assert recipe.args.tools == ["python"]
+    with pytest.raises(RecipeError, match=r"reward_funcs: cannot parse '\[a, \{' as a list"):
+        load_recipe(None, ["--dataset.name", "arithmetic", "--reward_funcs", "[a, {"])

@@ -373,7 +373,25 @@ def _bf16_on_cpu(config: Any) -> None:
         )
 
 
+def check_report_to(config: Any) -> None:
+    """After TrainingArguments (a list by then): each tracker is known and installed; a missing
+    one failed when the Trainer was built, after the model had loaded."""
+    from transformers.integrations import integration_utils as trackers
+
+    available = trackers.get_available_reporting_integrations()
+    for name in config.report_to or []:
+        if name not in trackers.INTEGRATION_TO_CALLBACK:
+            known = ", ".join(sorted(trackers.INTEGRATION_TO_CALLBACK))
+            raise ValueError(f"report_to={name!r} is not a tracker; use 'none' or one of {known}.")
+        if name not in available:
+            raise ValueError(
+                f"report_to={name!r}: its package is not installed here (e.g. pip install {name}); "
+                "install it or set report_to='none'."
+            )
+
+
 def check_run(config: Any) -> None:
+    check_report_to(config)
     if config.reward_timeout is not None and not config.reward_timeout > 0:
         raise ValueError(
             f"reward_timeout={config.reward_timeout} must be > 0 seconds, or None for no limit."

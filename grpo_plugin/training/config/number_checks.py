@@ -85,6 +85,51 @@ def check_number_fields(config: Any) -> None:
     # all zero is allowed here: environments' rewards (weight 1) may be what is learned
     check_reward_weights(config.reward_weights, all_zero_ok=True)
     check_optimizer_numbers(config)
+    check_counts(config)
+
+
+def check_counts(config: Any) -> None:
+    """Counts that must be positive, where 0 was taken silently (`max_prompt_length=0` trained on
+    empty prompts; `max_steps=0` trained `num_train_epochs` epochs, and with 0 epochs nothing) or
+    failed once the model had loaded (a batch size of 0)."""
+    for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
+        if getattr(config, name) < 1:
+            raise ValueError(f"{name}={getattr(config, name)} must be >= 1.")
+    for name in ("steps_per_generation", "generation_batch_size", "max_prompt_length"):
+        value = getattr(config, name)
+        if value is not None and value < 1:
+            raise ValueError(f"{name}={value} must be >= 1, or None (see its help).")
+    for name in ("seed", "data_seed"):  # numpy's legacy seeding, in transformers' set_seed
+        value = getattr(config, name)
+        if value is not None and not 0 <= value < 2**32:
+            raise ValueError(f"{name}={value} must be in [0, 2**32 - 1] (numpy seeds with it).")
+    if config.dataloader_num_workers < 0:
+        raise ValueError(f"dataloader_num_workers={config.dataloader_num_workers} must be >= 0.")
+    _check_intervals(config)
+    if config.max_steps == 0:
+        raise ValueError(
+            "max_steps=0 would train num_train_epochs epochs (transformers reads <= 0 as unset); "
+            "give a positive number of steps, or -1 to train num_train_epochs epochs."
+        )
+    if config.max_steps < 0 and not config.num_train_epochs > 0:
+        raise ValueError(
+            f"num_train_epochs={config.num_train_epochs} with max_steps={config.max_steps} "
+            "trains nothing; set max_steps > 0 or num_train_epochs > 0."
+        )
+
+
+def _check_intervals(config: Any) -> None:
+    """Step intervals: a negative `logging_steps` never logged (metrics.jsonl stayed empty) and
+    `save_steps` 0 never saved, both silently; `eval_steps` 0 meant "unset"."""
+    strategies = {"logging_steps": "logging_strategy", "save_steps": "save_strategy"}
+    strategies["eval_steps"] = "eval_strategy"
+    for name, strategy in strategies.items():
+        value, kind = getattr(config, name), getattr(config, strategy)
+        if value is not None and str(getattr(kind, "value", kind)) == "steps" and value <= 0:
+            raise ValueError(
+                f"{name}={value} must be > 0 with {strategy}='steps' (a number of steps, or a "
+                "fraction of the run below 1)."
+            )
 
 
 def check_reward_weights(

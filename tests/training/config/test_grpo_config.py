@@ -173,6 +173,25 @@ NAN, INF = float("nan"), float("inf")
         ({"adam_beta2": -0.1}, r"adam_beta2=-0.1 must be in \[0, 1\)"),
         ({"adam_epsilon": -1e-8}, "adam_epsilon=-1e-08 must be >= 0"),
         ({"weight_decay": -0.1}, "weight_decay=-0.1 must be >= 0"),
+        # a batch size of 0 passed (0 % G == 0) and failed in the DataLoader after the load
+        ({"per_device_train_batch_size": 0}, "per_device_train_batch_size=0 must be >= 1"),
+        ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps=0 must be >= 1"),
+        ({"steps_per_generation": 0}, "steps_per_generation=0 must be >= 1, or None"),
+        ({"generation_batch_size": 0}, "generation_batch_size=0 must be >= 1, or None"),
+        # taken silently: empty prompts; 3 epochs for "0 steps"; no training at all
+        ({"max_prompt_length": 0}, "max_prompt_length=0 must be >= 1, or None"),
+        ({"max_steps": 0}, "max_steps=0 would train num_train_epochs epochs"),
+        ({"max_steps": -1, "num_train_epochs": 0}, "num_train_epochs=0 with max_steps=-1 trains"),
+        # numpy's legacy seeding refused them in set_seed, after the model had loaded
+        ({"seed": -1}, r"seed=-1 must be in \[0, 2\*\*32 - 1\]"),
+        ({"seed": 2**40}, r"seed=1099511627776 must be in \[0, 2\*\*32 - 1\]"),
+        ({"data_seed": -1}, r"data_seed=-1 must be in"),
+        ({"dataloader_num_workers": -1}, "dataloader_num_workers=-1 must be >= 0"),
+        # a negative logging_steps never logged, save_steps 0 never saved: both silently
+        ({"logging_steps": -1}, "logging_steps=-1 must be > 0 with logging_strategy='steps'"),
+        ({"save_strategy": "steps", "save_steps": 0}, "save_steps=0 must be > 0 with save_str"),
+        ({"eval_strategy": "steps", "eval_steps": -2}, "eval_steps=-2 must be > 0 with eval_str"),
+        ({"report_to": "nosuch"}, "report_to='nosuch' is not a tracker"),
     ],
 )
 def test_non_finite_and_out_of_range_numbers_are_refused(tmp_path, kw, message):
@@ -185,3 +204,21 @@ def test_infinity_where_it_means_no_bound_is_accepted(tmp_path):
     assert c.max_grad_norm == INF and c.sampling_correction_clip_max == INF
     # all-zero weights stay allowed here: an environment's reward (weight 1) may be the one learned
     assert make(tmp_path, reward_weights=[0.0, 0]).reward_weights == [0.0, 0]
+
+
+def test_a_tracker_that_is_not_installed_is_refused(tmp_path):
+    # the Trainer raised it once the model had loaded
+    from transformers.integrations import get_available_reporting_integrations
+
+    missing = next(
+        (
+            t
+            for t in ("wandb", "mlflow", "comet_ml")
+            if t not in get_available_reporting_integrations()
+        ),
+        None,
+    )
+    if missing is None:
+        pytest.skip("every tracker tried is installed here")
+    with pytest.raises(ValueError, match=f"report_to='{missing}': its package is not installed"):
+        make(tmp_path, report_to=missing)
