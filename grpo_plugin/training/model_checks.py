@@ -6,6 +6,8 @@ trainer and the recipe checks (so `--dry-run`) both run them.
 Before these, `--lora.r 0` failed inside peft once the model had loaded, and a copy the policy
 cannot have failed in `check_copyable` once it had loaded (`sampling/rollout_copy.py`, which
 still checks the loaded model: a model passed in already loaded is only known there).
+`check_against_model_config` needs the model's config (the recipe checks read it before the
+weights; the trainer does not, and peft and transformers report those after the load).
 """
 
 from __future__ import annotations
@@ -133,7 +135,7 @@ def check_against_model_config(
     before loading): `router_aux_loss_coef` on a model without a router; `model_init_kwargs`
     the model refuses (an unknown `attn_implementation`, a keyword its class does not take);
     LoRA `target_modules` that match no module, or the LM head with `cast_lm_head_to_fp32`.
-    Both on an empty (meta-device) model built from the config."""
+    The last two on an empty (meta-device) model built from the config."""
     kind = getattr(config, "model_type", "model")
     if args.router_aux_loss_coef and moe_router_config_of(config) is None:
         raise ValueError(
@@ -156,15 +158,20 @@ def check_against_model_config(
         except Exception as err:  # noqa: BLE001 - it builds without them: they are the fault
             text = " ".join(str(err).split())[:300]
             raise ValueError(f"model_init_kwargs {sorted(extra)}: {text}") from None
-    if not named:
-        return
-    head_module = model.get_output_embeddings()
-    names = [name for name, _ in model.named_modules()]
-    head = next((n for n, m in model.named_modules() if m is head_module), None)
+    if named:
+        _check_targets(args, peft_config, model, kind)
+
+
+def _check_targets(args: Any, peft_config: Any, model: Any, kind: str) -> None:
+    """LoRA `target_modules` match a module of `model`, and not its head when that is cast to
+    float32 (peft and `cast_lm_head_to_fp32` refused them once the model had loaded)."""
     from peft.tuners.tuners_utils import check_target_module_exists
 
-    matched = {name for name in names if check_target_module_exists(peft_config, name)}
+    head_module = model.get_output_embeddings()
+    head = next((n for n, m in model.named_modules() if m is head_module), None)
+    matched = {n for n, _ in model.named_modules() if check_target_module_exists(peft_config, n)}
     if not matched:
+        targets = peft_config.target_modules
         shown = sorted(targets) if isinstance(targets, (set, list, tuple)) else targets
         raise ValueError(
             f"lora: target_modules={shown!r} match no module of this {kind} model; use "
