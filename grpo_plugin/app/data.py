@@ -160,21 +160,22 @@ def _load_hub_dataset(hub_id: str, config: str | None, split: str) -> Dataset:
     from ..training import hub_access
 
     local = (
-        "--dataset.path TRAIN.jsonl --dataset.eval_path TEST.jsonl (recipe keys path, eval_path)"
+        "set its path and eval_path to local files (a recipe: --dataset.path TRAIN.jsonl "
+        "--dataset.eval_path TEST.jsonl; grpo-plugin eval: --dataset TEST.jsonl)"
     )
     unreachable = hub_access.unreachable_reason(datasets=True)
     if unreachable and not hub_access.offline(datasets=True):
         raise ValueError(
-            f"dataset {hub_id!r} is on the Hugging Face Hub and {unreachable}; point the "
-            f"dataset at local files: {local}, or set HF_HUB_OFFLINE=1 to use a cached copy."
+            f"dataset {hub_id!r} is on the Hugging Face Hub and {unreachable}; {local}, or set "
+            "HF_HUB_OFFLINE=1 to use a cached copy."
         )
     try:
         return load_dataset(hub_id, config, split=split)
     except ConnectionError as err:  # offline (or the network failed) and no cached copy
         why = unreachable or f"the Hub failed ({' '.join(str(err).split())[:200]})"
         raise ValueError(
-            f"dataset {hub_id!r} is not in the local cache and {why}; point the dataset at "
-            f"local files: {local}, or download it once with network."
+            f"dataset {hub_id!r} is not in the local cache and {why}; {local}, or download it "
+            "once with network."
         ) from None
 
 
