@@ -68,12 +68,17 @@ def resolve_model_path(name: str) -> str:
     use); return anything else unchanged (a local path or a Hub id)."""
     if not is_embedded(name):
         return name
+    check_embedded_name(name)
+    return str(ensure_embedded_converted())
+
+
+def check_embedded_name(name: str) -> None:
+    """An `embedded:` name this package ships; ValueError (one line) for any other."""
     if name not in KNOWN_EMBEDDED:
         raise ValueError(
             f"Unknown embedded model {name!r}. Known embedded models: {', '.join(KNOWN_EMBEDDED)}. "
             "Use one of these, a local model directory, or a Hub id."
         )
-    return str(ensure_embedded_converted())
 
 
 def embedded_gguf_path() -> Path:

@@ -20,7 +20,8 @@ exec), build the root from the spec's mount list as PID 1, and ``pivot_root`` in
 CAP_CHOWN; ``bwrap-user`` - an unprivileged bubblewrap (its own user namespace, no capability)
 built the same root, and with one uid for everyone the program is kept from the judge by
 namespaces instead (:func:`own_namespaces`); ``rlimits`` - no root at all, the host filesystem
-stays visible. Except under bubblewrap (whose caller does it), our first act is to join the
+stays visible. At ``pivot_root`` and ``bwrap`` every forked child also gets a seccomp filter
+against user namespaces of its own (:func:`forbid_user_namespaces`). Except under bubblewrap (whose caller does it), our first act is to join the
 run's cgroup.
 """
 
@@ -142,6 +143,66 @@ def own_namespaces() -> None:
             f.write(text)
 
 
+# machine: (its AUDIT_ARCH, and the numbers of unshare, clone, clone3 and setns); little-endian
+# machines whose clone takes its flags first, so a filter reads both calls' flags in one place
+_SECCOMP_SYSCALLS = {
+    "x86_64": (0xC000003E, 272, 56, 435, 308),
+    "aarch64": (0xC00000B7, 97, 220, 435, 268),
+    "riscv64": (0xC00000F3, 97, 220, 435, 268),
+}
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+_RET_ALLOW, _RET_ERRNO, _EPERM, _ENOSYS = 0x7FFF0000, 0x00050000, 1, 38
+_LD_W_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06  # classic BPF opcodes
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte)]
+    _fields_ += [("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def forbid_user_namespaces() -> None:
+    """Levels ``pivot_root`` and ``bwrap``: no user namespace of the program's own, for good.
+
+    Root made the run's namespaces, so the program (a throwaway uid) stands in the host's user
+    namespace, where unprivileged users may create one: inside it every capability is theirs,
+    over namespaces they make next (an nf_tables netlink socket in a new network namespace: the
+    entry point of known kernel exploits). Level ``bwrap-user`` sets ``max_user_namespaces`` to
+    0 in its own user namespace (:func:`program_init`); here that sysctl is the host's, so a
+    seccomp filter refuses instead: ``unshare(2)`` and ``clone(2)`` with ``CLONE_NEWUSER`` and
+    ``setns(2)`` fail with EPERM, ``clone3(2)`` with ENOSYS (its flags are in memory a filter
+    cannot read; the C library then falls back to ``clone``), and so does every system call of
+    another ABI (x32, 32-bit), which the filter's numbers do not cover. Inherited by every child
+    and never lifted; needs ``no_new_privs`` (:func:`_become` sets it first)."""
+    machine = os.uname().machine
+    if machine not in _SECCOMP_SYSCALLS:
+        raise OSError(f"no seccomp filter against user namespaces for {machine}")
+    audit, unshare, clone, clone3, setns = _SECCOMP_SYSCALLS[machine]
+    flags, deny, nosys = 9, 12, 13  # the indices of the instructions jumped to
+    program = [  # (code, jump if true, jump if false, k); a jump skips that many instructions
+        (_LD_W_ABS, 0, 0, 4),  # seccomp_data.arch
+        (_JEQ, 0, deny - 2, audit),
+        (_LD_W_ABS, 0, 0, 0),  # seccomp_data.nr
+        (_JGE, deny - 4, 0, 0x40000000),  # x32 system calls (the x32 bit)
+        (_JEQ, flags - 5, 0, unshare),
+        (_JEQ, flags - 6, 0, clone),
+        (_JEQ, nosys - 7, 0, clone3),
+        (_JEQ, deny - 8, 0, setns),
+        (_RET, 0, 0, _RET_ALLOW),
+        (_LD_W_ABS, 0, 0, 16),  # flags: the low word of seccomp_data.args[0]
+        (_JSET, deny - 11, 0, CLONE_NEWUSER),
+        (_RET, 0, 0, _RET_ALLOW),
+        (_RET, 0, 0, _RET_ERRNO | _EPERM),
+        (_RET, 0, 0, _RET_ERRNO | _ENOSYS),
+    ]
+    code = (_SockFilter * len(program))(*(_SockFilter(*op) for op in program))
+    fprog = _SockFprog(len(program), code)
+    _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
+
+
 def drop_capabilities() -> None:
     """No capability left, in any set, and none to come back (bounding and ambient sets)."""
     with open("/proc/sys/kernel/cap_last_cap") as f:
@@ -203,6 +264,8 @@ def drop_privileges(spec: dict, uid: int | None, keep_fds: set[int]) -> None:
     for name, value in spec["limits"].items():
         resource.setrlimit(getattr(resource, name), tuple(value))
     _become(uid)
+    if spec["level"] in ("pivot_root", "bwrap"):  # bwrap-user: program_init forbids them
+        forbid_user_namespaces()
 
 
 def _fork(spec: dict, uid: int | None, keep_fds: set[int], body) -> int:

@@ -8,7 +8,9 @@ Isolation levels (``isolation=``; the active one is logged once per process):
   site-packages beyond an allow-list, or ``/etc``) in new mount, PID, network, IPC and UTS
   namespaces. Needs root.
 - ``pivot_root``: the same root and namespaces, made by :mod:`reward_fns._sandbox_init` itself
-  (``unshare(2)``, mounts, ``pivot_root(2)``). Needs root.
+  (``unshare(2)``, mounts, ``pivot_root(2)``). Needs root. At both root levels a seccomp filter
+  keeps the program from making a user namespace of its own
+  (:func:`reward_fns._sandbox_init.forbid_user_namespaces`).
 - ``bwrap-user``: the same root and namespaces, built by bubblewrap without root, in a user
   namespace of its own (``--unshare-user --cap-drop ALL``; needs unprivileged user namespaces).
   Everything runs under the trainer's one uid, so instead of a second uid the program runs in

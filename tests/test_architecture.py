@@ -102,14 +102,16 @@ def test_no_import_cycles():
 # ladder, never a cycle. A new import between rooms is an edit here, made on purpose.
 TRAINING_ROOMS: list[tuple[str, set[str], str]] = [
     ("config", set(), "GRPOConfig and its cross-field checks"),
+    ("hub_access", set(), "whether the Hugging Face Hub can be reached, asked before fetching"),
+    ("model_checks", set(), "the policy's setup (LoRA, a rollout copy) checked before it loads"),
     ("user_code", set(), "the user's callables: 'module:function', 'file.py:function'"),
     ("distributed", set(), "processes: shards, gathers, launch checks"),
     ("metrics", set(), "the metrics window, zero-std watch, TRL-named reward metrics"),
-    ("policy", set(), "loading the policy, reference, LoRA / QLoRA"),
+    ("policy", {"model_checks"}, "loading the policy, reference, LoRA / QLoRA"),
     ("cpu_memory", set(), "malloc keeps freed memory for the next step on a CPU"),
     (
         "rewards",
-        {"distributed", "user_code"},
+        {"config", "distributed", "user_code"},
         "reward functions and models, the scorer and its watchdog",
     ),
     ("trl_attributes", {"rewards"}, "TRL's public trainer attributes, read-only views"),
@@ -133,7 +135,7 @@ TRAINING_ROOMS: list[tuple[str, set[str], str]] = [
     ),
     (
         "inputs",
-        {"distributed", "evaluation", "run", "sampling"},
+        {"distributed", "evaluation", "hub_access", "run", "sampling"},
         "the trainer's inputs, checked once",
     ),
     ("autopilot", {"inputs", "run", "sampling"}, "the memory autopilot"),

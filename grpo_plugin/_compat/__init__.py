@@ -27,9 +27,11 @@ library internals: it calls these helpers.
 | `PackedBf16Linear`, `bf16_packing_works` | torch 2.13 CPU: a bf16 `F.linear` reorders its weight into oneDNN's blocked layout on every call; only the private `torch.ops.mkldnn._reorder_linear_weight` / `_linear_pointwise` (what inductor's freezing uses) keep it packed: a 16-row decode step of SmolLM2-135M took 39.8 ms instead of 49.5 (Xeon AMX) | torch has a public prepacked CPU linear |
 | `rows_attention_for_packed_tokens` | transformers 5.25 attention functions take the batch layout of their inputs: a padding-free forward (real tokens packed into one row) would attend across every packed token. The SDPA entry of `AttentionInterface` is wrapped once (public `register`): a call that carries `packed_rows` (core/padding_free.py) runs its attention in the padded row layout; every other call is passed through unchanged | transformers attends per sequence in a packed row for SDPA (as it does for flash-attention's varlen) |
 | `fuse_lora_linears`                 | peft 0.21's LoRA `Linear.forward` scales `lora_B(lora_A(x))` and adds it to the base output in two more passes over `(tokens, out)` (and two in backward); one `addmm` accumulating into the base output does both: log-probs equal, about 6% of a `short` step with policy rollouts, no gain with a bf16 copy (Xeon, 2026-12-06). Set per layer as its `forward`; any non-plain case (DoRA, dropout, disabled or merged adapters, mixed batches, casts, hooks, DTensors, 4-bit) calls peft's own | peft fuses the adapter product into the base output |
+| `lora_init_known`, `LORA_INIT_OPTIONS` | peft 0.21 checks an `init_lora_weights` string only when it builds the adapter (after the model loaded); its list, to refuse an unknown one before | peft validates `init_lora_weights` in `LoraConfig` |
+| `lora_variant_fields`               | peft 0.21 picks a LoRA variant (DoRA, aLoRA, Arrow, MiCA, ...) from `LoraConfig` fields tagged `is_lora_variant` in their metadata (and `init_lora_weights` values listed there); read before the model loads, to refuse a rollout copy that cannot follow the variant | peft exposes a public "which variant" call on a config |
 | `LeanDecodeStep`                    | transformers 5.25 runs each one-token decode step through its mask builder, output-capturing and config-defaulting decorators and every layer's Hub-kernel and checkpointing wrappers: 30.9 ms per step of SmolLM2-135M's bf16 copy (16 rows), about 20 of them the weight products; the same operations on the same modules without that: 25.5 ms. Llama and Qwen2 (full attention, SDPA) only, without hooks, wrapped forwards or live dropout, and kept per model only where its first step equals transformers' logits bit for bit | transformers' decode step costs little beyond its operations (a compiled or graph-captured step) |
 | `fp16_weight_linear`, `set_fp16_weight` | torch 2.13 has a float16-weight linear with float32 compute on CPU (fbgemm) only in the deprecated `torch.ao` dynamic quantization, which warns on every layer | torch has a supported half-weight linear on CPU |
-| `moe_router_config`, `moe_load_balancing_loss` | transformers 5.x MoE models keep the load-balancing loss in each modeling module and the expert counts on the `ForCausalLM` | transformers exposes one public aux-loss API |
+| `moe_router_config` (`_of` a config), `moe_load_balancing_loss` | transformers 5.x MoE models keep the load-balancing loss in each modeling module and the expert counts on the `ForCausalLM` | transformers exposes one public aux-loss API |
 
 Private `transformers.Trainer` methods the trainer overrides (in `training/trainer.py`, the logic in
 `training/run/lifecycle.py`), checked against transformers 5.24:
@@ -65,7 +67,12 @@ from .kernels import (  # noqa: F401  (re-exported: the CPU kernel rows of the t
     rows_attention_for_packed_tokens,
     set_fp16_weight,
 )
-from .lora import fuse_lora_linears  # noqa: F401  (re-exported: its row of the table)
+from .lora import (  # noqa: F401  (re-exported: their rows of the table)
+    LORA_INIT_OPTIONS,
+    fuse_lora_linears,
+    lora_init_known,
+    lora_variant_fields,
+)
 
 
 def quiet_bnb_kernel_warnings() -> None:
@@ -316,7 +323,11 @@ _MISSING = object()
 def moe_router_config(model: torch.nn.Module) -> float | None:
     """The MoE router aux-loss coefficient the model's config declares (0.0 when it declares none);
     None for a model that does not return router logits (not a Mixture-of-Experts model)."""
-    config = unwrap_peft(model).config
+    return moe_router_config_of(unwrap_peft(model).config)
+
+
+def moe_router_config_of(config: Any) -> float | None:
+    """`moe_router_config` from a model config alone (before the model loads)."""
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     if not hasattr(text_config, "output_router_logits"):
         return None

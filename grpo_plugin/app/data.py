@@ -149,7 +149,34 @@ def _load_table(path_or_hub_id: str, split: str) -> Dataset:
             message = " ".join(str(cause).split())[:300]
             raise ValueError(f"{path}: cannot be read as {builder}: {message}") from None
     config = "main" if path_or_hub_id == GSM8K_HUB_ID else None
-    return load_dataset(path_or_hub_id, config, split=split)
+    return _load_hub_dataset(path_or_hub_id, config, split)
+
+
+def _load_hub_dataset(hub_id: str, config: str | None, split: str) -> Dataset:
+    """A Hub dataset's split; one line, at once, when the Hub cannot be reached and no cached
+    copy can be used (`datasets` retried for half a minute, then raised ConnectionError)."""
+    from datasets import load_dataset
+
+    from ..training import hub_access
+
+    local = (
+        "set its path and eval_path to local files (a recipe: --dataset.path TRAIN.jsonl "
+        "--dataset.eval_path TEST.jsonl; grpo-plugin eval: --dataset TEST.jsonl)"
+    )
+    unreachable = hub_access.unreachable_reason(datasets=True)
+    if unreachable and not hub_access.offline(datasets=True):
+        raise ValueError(
+            f"dataset {hub_id!r} is on the Hugging Face Hub and {unreachable}; {local}, or set "
+            "HF_HUB_OFFLINE=1 to use a cached copy."
+        )
+    try:
+        return load_dataset(hub_id, config, split=split)
+    except ConnectionError as err:  # offline (or the network failed) and no cached copy
+        why = unreachable or f"the Hub failed ({' '.join(str(err).split())[:200]})"
+        raise ValueError(
+            f"dataset {hub_id!r} is not in the local cache and {why}; {local}, or download it "
+            "once with network."
+        ) from None
 
 
 def _take(dataset: Dataset, n: int | None) -> Dataset:
@@ -273,14 +300,27 @@ def validate_dataset_spec(spec: dict[str, Any]) -> None:
             "or omit `name` and give `path` to a file with a `prompt` column"
         )
     _check_unknown_keys(spec, name)
-    if not isinstance(spec.get("shots", []), list):
+    shots = spec.get("shots", [])
+    if not isinstance(shots, list) or not all(isinstance(m, dict) and "role" in m for m in shots):
         raise ValueError("dataset: shots must be a list of messages ({role, content, ...})")
+    for key in ("system_prompt", "template", "operation"):
+        if key in spec and not isinstance(spec[key], str):
+            raise ValueError(f"dataset: {key} must be a string, got {spec[key]!r}")
     for key in _INTEGER_KEYS:
         value = spec.get(key, 0)
         if not isinstance(value, int) or isinstance(value, bool):
             raise ValueError(f"dataset: {key} must be an integer, got {value!r}")
     if spec.get("validation_size", 0) < 0:
         raise ValueError("dataset: validation_size must be >= 0 (0: no validation split)")
+    if spec.get("train_size", 1) < 1:
+        raise ValueError(
+            f"dataset: train_size={spec['train_size']} leaves no prompts to train on; give at "
+            "least one rollout's prompts (or leave it out: the whole training data)"
+        )
+    if spec.get("eval_size", 0) < 0:
+        raise ValueError(
+            f"dataset: eval_size={spec['eval_size']} must be >= 0 (0: no held-out set)"
+        )
     if name == "arithmetic":
         return
     if name is None and "path" not in spec:

@@ -39,6 +39,7 @@ from .recipe import Recipe, RecipeError, load_recipe, one_line
 from .recipe_checks import (
     check_recipe,
     eval_metrics_fn,
+    recipe_model_kwargs,
     recipe_tools,
     resolve_rewards,
     reward_specs,
@@ -91,16 +92,11 @@ def _evaluate(trainer, dataset, reward_fn: Callable, recipe: Recipe, label: str)
 
 
 def _build_trainer(recipe: Recipe, rewards: list[Callable], data: RecipeData):
-    from ..training.policy import lora_config, nf4_quantization
+    from ..training.policy import lora_config
     from ..training.trainer import GRPOTrainer
 
-    if recipe.args.load_in_4bit:  # the recipe's config is its own: the parser built it
-        compute = "bfloat16" if recipe.config.bf16 else "float32"
-        quantization = {"quantization_config": nf4_quantization(compute)}
-        recipe.config.model_init_kwargs = {
-            **quantization,
-            **(recipe.config.model_init_kwargs or {}),
-        }
+    # the recipe's config is its own (the parser built it): load_in_4bit goes into it
+    recipe.config.model_init_kwargs = recipe_model_kwargs(recipe) or None
     try:
         peft_config = lora_config(recipe.args.lora) if recipe.args.lora is not None else None
     except (TypeError, ValueError) as err:
@@ -376,13 +372,21 @@ def evaluate_model(
     """`grpo-plugin eval`: greedy accuracy and pass@k of a model (and adapter) on a dataset spec,
     with `tools` the model may call (`tool_options`: an object with the `GRPOConfig` tool fields);
     bad arguments raise `RecipeError` before the model loads."""
+    from ..training.config.checks import check_tools
     from ..training.evaluation.engine import evaluate
+    from ..training.evaluation.setup import check_eval_options
     from ..training.policy import load_adapter, load_policy
     from ..training.rewards.reward_models import resolve_reward_name
     from ..training.sampling.tools import ToolInputs
     from .data import load_prompt_datasets, parse_dataset_arg, validate_dataset_spec
 
     try:
+        options = {"k": k, "max_new_tokens": max_new_tokens, "batch_size": batch_size}
+        check_eval_options(options, name=lambda key: "--" + key.replace("_", "-"))
+        if eval_size is not None and (isinstance(eval_size, bool) or eval_size < 1):
+            raise ValueError(f"--eval-size={eval_size!r} must be >= 1 (prompts to evaluate on)")
+        if tools and tool_options is not None:
+            check_tools(tool_options)  # --tool-timeout, --max-tool-result-length, ...
         spec = parse_dataset_arg(dataset)
         if eval_size is not None:
             spec["eval_size"] = eval_size

@@ -6,6 +6,7 @@ by `grpo-plugin train` and by `--dry-run` alike (`recipe_checks.check_recipe` do
     load_checked_data  the datasets loaded (a malformed line named by file and line), every
                        reward's columns present, every prompt usable (bad rows named)
     check_lengths      the prompts fit the model's context (its tokenizer and config only)
+    check_model_config what the config decides: a MoE router, LoRA target_modules that match
     check_resume       a resume: the checkpoint holds every piece of an exact resume, and the
                        recipe is the run's (`training/run/resume.py`; rewards, LoRA and
                        model_init_kwargs are compared again once the trainer is built)
@@ -29,7 +30,7 @@ from ..training.run import checkpoints, resume
 from ..training.run import lock as run_lock
 from ..training.run.shared_dir import check_shared
 from .recipe import Recipe, RecipeError, one_line
-from .recipe_checks import check_reward_columns
+from .recipe_checks import check_reward_columns, recipe_model_kwargs
 from .splits import load_splits
 
 
@@ -92,6 +93,10 @@ def load_checked_data(recipe: Recipe, rewards: list[Callable]) -> RecipeData:
     except (ValueError, FileNotFoundError) as err:
         raise RecipeError(one_line(err)) from err
     data = RecipeData(splits.train, splits.test, validation=splits.validation)
+    try:
+        inputs.check_train_size(data.train, recipe.config)
+    except ValueError as err:
+        raise RecipeError(one_line(err)) from err
     for name, dataset in data.named():  # the first reward scores the evaluations
         check_reward_columns(
             rewards if dataset is data.train else rewards[:1], dataset.column_names, name
@@ -111,15 +116,38 @@ def check_lengths(recipe: Recipe, data: RecipeData) -> None:
     from ..training.policy import prepare_tokenizer
 
     c = recipe.config
-    source = resolve_model_path(recipe.args.model)
     remote = bool(c.trust_remote_code)
-    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(source, trust_remote_code=remote))
-    config = AutoConfig.from_pretrained(source, trust_remote_code=remote)
+    try:
+        source = resolve_model_path(recipe.args.model)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=remote)
+        config = AutoConfig.from_pretrained(source, trust_remote_code=remote)
+    except (OSError, ValueError) as err:  # no tokenizer files, a broken config.json, ...
+        raise RecipeError(
+            f"model {recipe.args.model}: its tokenizer and config cannot be read "
+            f"({one_line(err)[:300]}); give a model folder or Hub id with both"
+        ) from err
+    tokenizer = prepare_tokenizer(tokenizer)
+    check_model_config(recipe, config)
     for name, dataset in data.named():
         try:
             inputs.check_prompt_lengths(dataset, tokenizer, config, c, name)
         except ValueError as err:
             raise RecipeError(one_line(err)) from err
+
+
+def check_model_config(recipe: Recipe, config: Any) -> None:
+    """What the model's config decides (a MoE router, model_init_kwargs, the LoRA targets),
+    before the weights load."""
+    from ..training.model_checks import check_against_model_config
+    from ..training.policy import lora_config, model_init_kwargs
+
+    c = recipe.config
+    try:
+        peft = lora_config(recipe.args.lora) if recipe.args.lora is not None else None
+        kwargs = {**recipe_model_kwargs(recipe), "trust_remote_code": bool(c.trust_remote_code)}
+        check_against_model_config(c, peft, config, model_init_kwargs(kwargs, bf16=bool(c.bf16)))
+    except ValueError as err:
+        raise RecipeError(one_line(err)) from err
 
 
 def _reward_names(rewards: list[Callable]) -> list[str] | None:

@@ -276,14 +276,34 @@ def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
             merged[top] = {**(merged.get(top) or {}), **dict(pairs)}
     if isinstance(merged.get("reward_funcs"), (str, dict)):
         merged["reward_funcs"] = [merged["reward_funcs"]]
+    for key in ("reward_funcs", "tools"):  # `--tools '[python, my.py:f]'` as in YAML
+        if isinstance(merged.get(key), list):
+            merged[key] = [i for x in merged[key] for i in _yaml_list(key, x)]
     if "reward_funcs" in merged:
         merged["reward_funcs"] = [_reward_item(x) for x in merged["reward_funcs"]]
     return merged
 
 
+def _yaml_list(key: str, item: Any) -> list[Any]:
+    """A flag's list item written as a YAML list (`'[a, b]'`): its entries; anything else as is."""
+    if not (isinstance(item, str) and item.lstrip().startswith("[")):
+        return [item]
+    try:
+        value = yaml.safe_load(item)
+    except yaml.YAMLError as err:
+        raise RecipeError(f"{key}: cannot parse {item!r} as a list: {one_line(err)}") from err
+    return value if isinstance(value, list) else [value]
+
+
 def _reward_item(item: Any) -> Any:
     if isinstance(item, str) and item.lstrip().startswith("{"):
-        return yaml.safe_load(item)
+        try:
+            return yaml.safe_load(item)
+        except yaml.YAMLError as err:
+            raise RecipeError(
+                f"reward_funcs entry {item!r} is not valid YAML ({one_line(err)}); write it as "
+                "'{name: NAME, params: {key: value}}'"
+            ) from err
     return item
 
 
@@ -310,7 +330,15 @@ def build_recipe(raw: dict[str, Any], source: str | None = None) -> Recipe:
 
 
 def load_recipe(path: str | Path | None, flags: Sequence[str] = ()) -> Recipe:
-    """Read a recipe YAML (or none: all defaults), apply the command-line flags, build it."""
+    """Read a recipe YAML (or none: all defaults), apply the command-line flags, build it.
+
+    A built-in recipe's name (`tool_use`) becomes its file's path: the files it names (tools,
+    rewards, eval_metrics) are looked up next to the file, not in the working directory."""
+    if path is not None:
+        try:
+            path = find_recipe(path)
+        except FileNotFoundError as err:
+            raise RecipeError(one_line(err)) from err
     base = read_yaml(path) if path is not None else {}
     raw = merge(base, parse_overrides(flags))
     return build_recipe(raw, str(path) if path is not None else None)

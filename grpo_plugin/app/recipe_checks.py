@@ -18,7 +18,12 @@ from typing import Any
 import reward_fns
 
 from ..training.config.grpo_config import GRPOConfig
-from ..training.evaluation.setup import check_eval_setup, resolve_eval_metrics
+from ..training.config.number_checks import check_reward_weights
+from ..training.evaluation.setup import (
+    check_eval_options,
+    check_eval_setup,
+    resolve_eval_metrics,
+)
 from ..training.rewards.context import TRAINER_KWARGS
 from ..training.rewards.reward_models import resolve_reward_name
 from .data import has_held_out, known_columns, validate_dataset_spec
@@ -130,10 +135,23 @@ def check_reward_columns(rewards: list[Callable], columns: Sequence[str], where:
 
 
 def check_eval_spec(recipe: Recipe) -> dict[str, Any]:
+    """The `eval` section: known keys, values `evaluate` takes, `before` a boolean and a
+    `reward` that resolves, whose columns the dataset has (when they are known)."""
     spec = dict(recipe.args.eval or {})
     for key in spec:
         if key not in EVAL_KEYS:
             raise RecipeError(unknown_key_message(key, EVAL_KEYS, "eval"))
+    try:
+        check_eval_options(spec, name=lambda key: f"eval.{key}")
+    except ValueError as err:
+        raise RecipeError(one_line(err)) from err
+    if not isinstance(spec.get("before", True), bool):
+        raise RecipeError(f"eval.before={spec['before']!r} must be true or false")
+    if spec.get("reward") is not None:
+        reward = resolve_rewards(recipe, reward_specs([spec["reward"]]))
+        columns = known_columns(recipe.args.dataset)
+        if columns is not None:
+            check_reward_columns(reward, columns, "the dataset")
     return spec
 
 
@@ -180,22 +198,48 @@ def recipe_tools(recipe: Recipe) -> list[Callable]:
     return callables
 
 
+def recipe_model_kwargs(recipe: Recipe) -> dict[str, Any]:
+    """The recipe's `model_init_kwargs`, with NF4 quantization when `load_in_4bit`."""
+    from ..training.policy import nf4_quantization
+
+    kwargs = dict(recipe.config.model_init_kwargs or {})
+    if recipe.args.load_in_4bit:
+        compute = "bfloat16" if recipe.config.bf16 else "float32"
+        kwargs = {"quantization_config": nf4_quantization(compute), **kwargs}
+    return kwargs
+
+
+def check_model_setup(recipe: Recipe) -> None:
+    """The `lora` section, `model_init_kwargs` and a rollout copy against the load to come, as
+    the trainer checks them (`training/model_checks.py`), but before the data is read."""
+    from ..training.model_checks import check_copy_setup, check_reference_setup
+    from ..training.policy import lora_config, model_init_kwargs
+
+    try:
+        peft = lora_config(recipe.args.lora) if recipe.args.lora is not None else None
+        init = model_init_kwargs(recipe_model_kwargs(recipe), bf16=bool(recipe.config.bf16))
+        check_copy_setup(recipe.config, peft, init)
+        check_reference_setup(recipe.config, peft)
+    except (TypeError, ValueError) as err:
+        raise RecipeError(one_line(err)) from err
+
+
 def check_recipe(recipe: Recipe) -> list[Callable]:
     """Everything that can be checked without a model; returns the resolved rewards."""
     if recipe.args.load_in_4bit and recipe.args.lora is None:
         raise RecipeError(
             "load_in_4bit needs a `lora` section: 4-bit base weights cannot be trained"
         )
+    check_model_setup(recipe)
     try:
         validate_dataset_spec(recipe.args.dataset)
     except (ValueError, TypeError) as err:
         raise RecipeError(one_line(err)) from err
     rewards = resolve_rewards(recipe)
-    weights = recipe.config.reward_weights
-    if weights is not None and len(weights) != len(rewards):
-        raise RecipeError(
-            f"reward_weights has {len(weights)} entries for {len(rewards)} reward functions; give one each"
-        )
+    try:  # a recipe has no environment rewards: all-zero weights would learn nothing
+        check_reward_weights(recipe.config.reward_weights, len(rewards))
+    except ValueError as err:
+        raise RecipeError(one_line(err)) from err
     columns = known_columns(recipe.args.dataset)
     if columns is not None:
         check_reward_columns(rewards, columns, "the dataset")

@@ -4,14 +4,16 @@ them) and `GRPOTrainer` (for Python users) both run them.
 
 - `check_output_dir`: not a file, writable, with room for checkpoints (`needed_free_mb`: twice
   the newest checkpoint's size plus a margin, `MIN_FREE_MB` before the first).
-- `check_model_source`: an existing local directory, an `embedded:` name, or a valid Hub id that
-  is in the local cache when the Hub is offline (`HF_HUB_OFFLINE=1`).
+- `check_model_source`: an existing local directory, a known `embedded:` name, or a valid Hub id
+  that is in the local cache when the Hub is offline (`HF_HUB_OFFLINE=1`) or cannot be reached
+  (`hub_access.py`).
 - `check_adapter_dir`: a LoRA adapter directory with its `adapter_config.json`.
 - `check_prompts`: every prompt a non-empty string or a non-empty list of chat messages, the bad
   row named by its index.
 - `check_prompt_lengths` (needs the tokenizer): prompts that do not fit the model's context with
   `max_completion_length` new tokens are an error, unless `max_prompt_length` truncates them,
   which is logged as a warning with how many and the longest.
+- `check_train_size`: the training set holds one rollout's prompts on every process.
 - `check_inputs`: what `GRPOTrainer.__init__` runs (datasets, model source, output_dir, launch).
 
 Checked once. A recipe's datasets are checked by the recipe checker and then handed, as the same
@@ -35,8 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..models import is_embedded
+from ..models import check_embedded_name, is_embedded
 from ..rollout.prompts import encode_prompts, prompt_problem
+from . import hub_access
 from .distributed import check_launch
 from .evaluation.setup import check_eval_datasets
 from .run import checkpoints
@@ -52,7 +55,6 @@ logger = logging.getLogger(__name__)
 MIN_FREE_MB = 256  # no checkpoint yet: a LoRA checkpoint of a small model, metrics, completions
 CHECKPOINT_MARGIN_MB = 32  # beside two checkpoints: metrics.jsonl, the completion tables, eval.json
 LENGTH_SAMPLE = 20_000  # prompts tokenized by `check_prompt_lengths` (the first ones)
-_OFFLINE = ("1", "ON", "YES", "TRUE")
 
 
 # --- output_dir ----------------------------------------------------------------------------------
@@ -63,6 +65,8 @@ def _existing_ancestor(path: Path) -> Path:
 
 
 def check_output_dir(output_dir: str | os.PathLike) -> None:
+    if not str(output_dir).strip():
+        raise ValueError("output_dir is empty; give the folder the run writes to.")
     path = Path(output_dir).expanduser()
     if path.exists() and not path.is_dir():
         raise ValueError(
@@ -112,9 +116,12 @@ def _looks_like_path(name: str) -> bool:
 
 def check_model_source(name: Any) -> None:
     """A model given by name must be loadable without guessing: see the module docstring."""
-    if not isinstance(name, (str, os.PathLike)) or is_embedded(str(name)):
-        return  # a loaded model, or an embedded name (checked when it is resolved)
+    if not isinstance(name, (str, os.PathLike)):
+        return  # a loaded model
     name = str(name)
+    if is_embedded(name):
+        check_embedded_name(name)  # a known name; the package that ships it is checked on use
+        return
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -131,10 +138,18 @@ def check_model_source(name: Any) -> None:
         raise ValueError(
             f"model {name!r} is neither a local directory nor a valid Hub id ('org/name')."
         ) from None
-    if os.environ.get("HF_HUB_OFFLINE", "").upper() in _OFFLINE and not _in_hub_cache(name):
+    unreachable = hub_access.unreachable_reason()
+    if unreachable and not _in_hub_cache(name):
         raise ValueError(
-            f"model {name!r} is not a local directory and not in the Hugging Face cache, and the "
-            "Hub is offline (HF_HUB_OFFLINE=1); download it first or give a local directory."
+            f"model {name!r} is not a local directory and not in the Hugging Face cache, and "
+            f"{unreachable}; download it first or give a local directory."
+        )
+    if unreachable and not hub_access.offline():  # cached: it loads, after minutes of retries
+        logger.warning(
+            "%s, so model %r loads from the Hugging Face cache after retrying the Hub for about "
+            "a minute per file; set HF_HUB_OFFLINE=1 to skip the retries.",
+            unreachable[0].upper() + unreachable[1:],
+            name,
         )
 
 
@@ -306,6 +321,22 @@ def check_prompt_dataset(dataset: Any, name: str, prompt_required: bool = True) 
     return dataset
 
 
+def check_train_size(dataset: Any, args: Any) -> None:
+    """A training set (not a stream) holds one rollout's prompts on every process; the prompt
+    sampler refused it only once the model had loaded."""
+    if dataset is None or is_streamed(dataset) or "prompt" not in dataset.column_names:
+        return  # a stream is checked as it is read; without prompts ToolInputs checks the set
+    need = args.prompts_per_generation * args.world_size
+    if len(dataset) < need:
+        on = f" on {args.world_size} processes" if args.world_size > 1 else ""
+        raise ValueError(
+            f"the training data has {len(dataset)} prompts but one rollout{on} needs {need} "
+            f"(per_device_train_batch_size {args.per_device_train_batch_size} x "
+            f"steps_per_generation {args.steps_per_generation} / num_generations "
+            f"{args.num_generations}); add prompts or lower per_device_train_batch_size."
+        )
+
+
 def check_inputs(model: Any, args: Any, train_dataset: Any, eval_dataset: Any) -> tuple[Any, Any]:
     """`GRPOTrainer`'s cheap checks, before anything loads: the datasets (every prompt usable;
     a train set without a `prompt` column is left to `ToolInputs.check_dataset`, which knows
@@ -313,6 +344,7 @@ def check_inputs(model: Any, args: Any, train_dataset: Any, eval_dataset: Any) -
     datasets as the trainer keeps them (lists become `Dataset`s)."""
     train_dataset = check_prompt_dataset(train_dataset, "train_dataset", prompt_required=False)
     check_streamed_training(train_dataset, args)
+    check_train_size(train_dataset, args)
     eval_dataset = check_eval_datasets(eval_dataset)
     apply_stream_settings(args, train_dataset, eval_dataset)  # dispatch_batches, workers (TRL)
     check_model_source(model)

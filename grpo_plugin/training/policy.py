@@ -28,6 +28,7 @@ from .._compat import (
     unwrap_peft,
 )
 from ..models import resolve_model_path
+from .model_checks import check_copy_setup, check_lora, check_reference_setup
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ def lora_config(lora: dict[str, Any] | LoraConfig) -> LoraConfig:
     from peft import LoraConfig
 
     if isinstance(lora, LoraConfig):
+        check_lora(lora)  # what peft checks only once the model has loaded
         return lora
     if not isinstance(lora, dict):
         raise TypeError(
@@ -70,9 +72,11 @@ def lora_config(lora: dict[str, Any] | LoraConfig) -> LoraConfig:
             f"got {type(lora).__name__}"
         )
     try:
-        return LoraConfig(**{**LORA_DEFAULTS, **lora})
+        config = LoraConfig(**{**LORA_DEFAULTS, **lora})
     except (TypeError, ValueError) as err:
         raise ValueError(f"lora: {' '.join(str(err).split())} (see peft.LoraConfig)") from err
+    check_lora(config)
+    return config
 
 
 def nf4_quantization(compute_dtype: torch.dtype | str) -> dict[str, Any]:
@@ -98,7 +102,7 @@ def model_init_kwargs(
     exception: its unquantized parts and its compute dtype are bf16 under `bf16` (QLoRA)."""
     out = dict(kwargs or {})
     if isinstance(out.get("dtype"), str) and out["dtype"] != "auto":
-        out["dtype"] = getattr(torch, out["dtype"])
+        out["dtype"] = _torch_dtype(out["dtype"])
     quantized = load_in_4bit or out.get("quantization_config") is not None
     out.setdefault("dtype", torch.bfloat16 if bf16 and quantized else torch.float32)
     if load_in_4bit and "quantization_config" not in out:
@@ -107,15 +111,36 @@ def model_init_kwargs(
     if isinstance(out.get("quantization_config"), dict):
         from transformers import BitsAndBytesConfig
 
-        out["quantization_config"] = BitsAndBytesConfig(**out["quantization_config"])
+        try:
+            out["quantization_config"] = BitsAndBytesConfig(**out["quantization_config"])
+        except (TypeError, ValueError) as err:
+            raise ValueError(
+                f"model_init_kwargs quantization_config: {' '.join(str(err).split())} (see "
+                "transformers.BitsAndBytesConfig)"
+            ) from err
     if out.get("quantization_config") is not None and torch.cuda.is_available():
         out.setdefault("device_map", {"": torch.cuda.current_device()})
     return out
 
 
-def trainer_init_kwargs(model: Any, args: Any, quantization_config: Any = None) -> dict[str, Any]:
+def _torch_dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(
+            f"model_init_kwargs dtype={name!r} is not a torch dtype; use e.g. 'bfloat16', "
+            "'float16', 'float32' or 'auto'."
+        )
+    return dtype
+
+
+def trainer_init_kwargs(
+    model: Any, args: Any, quantization_config: Any = None, peft_config: Any = None
+) -> dict[str, Any]:
     """The trainer's `from_pretrained` kwargs for a policy (and reward models) given by name:
-    `model_init_kwargs`, TRL's `quantization_config` argument and `trust_remote_code`."""
+    `model_init_kwargs`, TRL's `quantization_config` argument and `trust_remote_code`. With
+    them, before anything loads: the `peft_config` (`lora_config`) and, for a model given by
+    name, a rollout copy against the load to come (`model_checks.check_copy_setup`; a loaded
+    model's copy is checked by the sampler)."""
     if not isinstance(model, str) and (args.model_init_kwargs or quantization_config):
         raise ValueError(
             "model_init_kwargs and quantization_config only apply when `model` is a string, and "
@@ -130,7 +155,12 @@ def trainer_init_kwargs(model: Any, args: Any, quantization_config: Any = None) 
             )
         kwargs["quantization_config"] = quantization_config
     kwargs.setdefault("trust_remote_code", args.trust_remote_code)
-    return model_init_kwargs(kwargs, bf16=args.bf16)
+    kwargs = model_init_kwargs(kwargs, bf16=args.bf16)
+    peft = lora_config(peft_config) if peft_config is not None else None
+    check_reference_setup(args, peft)
+    if isinstance(model, str):
+        check_copy_setup(args, peft, kwargs)
+    return kwargs
 
 
 def load_model(name: str, init_kwargs: dict[str, Any] | None = None) -> PreTrainedModel:

@@ -99,7 +99,7 @@ class GRPOTrainer(TRLAttributes, Trainer):
         train_dataset, eval_dataset = check_inputs(model, args, train_dataset, eval_dataset)
         tool_inputs.check_dataset(train_dataset)
         self._previous_run_files = run_lock.previous_run_files(args.output_dir)  # before any write
-        init_kwargs = trainer_init_kwargs(model, args, quantization_config)
+        init_kwargs = trainer_init_kwargs(model, args, quantization_config, peft_config)
         context = RewardContext.of(self)  # trainer_state, log_extra and log_metric for rewards
         extra = tool_inputs.reward_functions()  # environments' get_reward, as in TRL
         r = RewardSources.resolve(

@@ -288,3 +288,21 @@ def test_export_of_a_dir_without_weights(tmp_path, capsys):
 def test_the_resume_command_drops_overwrite_and_its_value(flags):
     command = cli.resume_command(["r.yaml", *flags, "--max_steps", "8"])
     assert command == "grpo-plugin train r.yaml --max_steps 8 --resume_from_checkpoint true"
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [  # issue 45: each ended in a traceback (or, --batch-size 0, ran) once the model had loaded
+        (["--eval-size", "0"], "--eval-size=0 must be >= 1"),
+        (["--k", "-3"], "--k=-3 must be an integer >= 0"),
+        (["--max-new-tokens", "0"], "--max-new-tokens=0 must be an integer >= 1"),
+        (["--batch-size", "0"], "--batch-size=0 must be an integer >= 1"),
+        (["--tool", "python", "--tool-timeout", "-1"], "tool_timeout=-1.0 must be > 0 seconds"),
+    ],
+)
+def test_eval_refuses_bad_options_before_loading(
+    tiny_model_dir, capsys, no_model_load, flags, expected
+):
+    base = ["eval", "--model", str(tiny_model_dir), "--dataset", "arithmetic"]
+    assert cli.main([*base, "--reward", "last_integer", *flags]) == 2
+    assert expected in _one_error_line(capsys)

@@ -131,6 +131,12 @@ def test_load_spec_custom_jsonl_and_parquet(tmp_path):
         ({"name": "gsm8k", "path": "/no/such/file.jsonl"}, "does not exist"),
         ({"eval_path": "x.jsonl"}, "give `name`"),
         ({"name": "arithmetic", "train_size": "64"}, "must be an integer"),
+        ({"name": "arithmetic", "train_size": 0}, "train_size=0 leaves no prompts to train on"),
+        ({"path": "x.jsonl", "train_size": -3}, "train_size=-3 leaves no prompts"),
+        ({"name": "gsm8k", "eval_size": -1}, r"eval_size=-1 must be >= 0 \(0: no held-out set\)"),
+        # pyarrow's "cannot mix struct and non-struct" / "tried to convert to int64" before
+        ({"name": "arithmetic", "shots": [1, 2]}, "shots must be a list of messages"),
+        ({"name": "arithmetic", "system_prompt": 5}, "system_prompt must be a string, got 5"),
         ("arithmetic", "must be a mapping"),
     ],
 )
@@ -192,3 +198,28 @@ def test_arithmetic_multiplication_with_its_own_ranges_and_shots():
     assert loaded[0]["prompt"][0]["content"] == "What is 2 * 3?"
     with pytest.raises(ValueError, match="operation='-'; use one of"):
         arithmetic_dataset(operation="-")
+
+
+def test_a_hub_dataset_offline_and_not_cached_is_one_line():
+    # issue 45: the gsm8k recipes offline ended in a ConnectionError traceback (conftest sets
+    # HF_HUB_OFFLINE and HF_DATASETS_OFFLINE)
+    with pytest.raises(ValueError, match="not in the local cache and the Hub is offline") as err:
+        load_prompt_datasets({"path": "nobody-xyz/no-such-dataset"})
+    assert "--dataset.path TRAIN.jsonl --dataset.eval_path TEST.jsonl" in str(err.value)
+
+
+def test_a_hub_dataset_without_network_is_refused_before_any_retry(monkeypatch):
+    import datasets
+
+    from grpo_plugin.training import hub_access
+
+    def retries(*args, **kwargs):
+        raise AssertionError("load_dataset would retry the Hub for half a minute")
+
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(datasets, "load_dataset", retries)
+    monkeypatch.setattr(hub_access, "_unresolved_host", lambda: "huggingface.co")
+    with pytest.raises(ValueError, match="huggingface.co does not resolve") as err:
+        load_prompt_datasets({"name": "gsm8k"})
+    assert "set HF_HUB_OFFLINE=1 to use a cached copy" in str(err.value)

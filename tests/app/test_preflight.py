@@ -55,7 +55,7 @@ def test_the_good_recipe_passes(make, capsys):
     [
         (["--learning_rate", "0"], "learning_rate=0.0 must be a positive finite number"),
         (["--learning_rate=-1e-4"], "learning_rate=-0.0001 must be a positive finite number"),
-        (["--learning_rate", "nan"], "learning_rate=nan must be a positive finite number"),
+        (["--learning_rate", "nan"], "learning_rate=nan must be a finite number"),
         (["--resume_from_checkpoint", "true"], "has no complete checkpoint-N folder"),
         (["--reward_timeout", "0"], "reward_timeout=0.0 must be > 0 seconds, or None"),
     ],
@@ -214,3 +214,82 @@ def test_a_directory_in_use_is_named_first_even_when_it_holds_a_run(make, capsys
     finally:
         proc.kill()
         proc.wait()
+
+
+# issue 45: each of these passed `--dry-run` ("OK"), then the real run ended in a traceback (or,
+# for NaN reward weights, trained nothing and exited 0)
+LATE_FAILURES = [
+    (["--reward_weights", "nan"], "reward_weights[0]=nan must be a finite number"),
+    (["--reward_weights", "inf"], "reward_weights[0]=inf must be a finite number"),
+    (["--reward_weights", "0"], "reward_weights=[0.0] are all 0"),
+    (["--load_in_4bit", "true", "--lora.r", "4", "--rollout_precision", "bf16"],
+     "rollout_precision='bf16' with a quantized base"),
+    (["--lora.r", "4", "--lora.use_dora", "true", "--rollout_precision", "bf16"],
+     "rollout_precision='bf16' with a LoRA variant (use_dora)"),
+    (["--lora.r", "4", "--lora.use_dora", "true", "--rollout_precision", "fp16"],
+     "rollout_precision='fp16' with a LoRA variant (use_dora)"),
+    (["--model_init_kwargs", '{"dtype": "bfloat16"}', "--rollout_precision", "bf16"],
+     "rollout_precision='bf16' with the policy loaded in bfloat16"),
+    (["--model_init_kwargs", '{"dtype": "bfloat61"}'], "dtype='bfloat61' is not a torch dtype"),
+    (["--lora.r", "0"], "lora: r=0 must be a positive integer"),
+    (["--lora.r", "4", "--lora.lora_alpha", "0"], "lora: lora_alpha=0 scales every adapter"),
+    (["--dataset.train_size", "0"], "dataset: train_size=0 leaves no prompts to train on"),
+    (["--dataset.train_size", "1"], "the training data has 1 prompts but one rollout needs 2"),
+    (["--eval.k", "-1"], "eval.k=-1 must be an integer >= 0"),
+    (["--eval.max_new_tokens", "0"], "eval.max_new_tokens=0 must be an integer >= 1"),
+    (["--eval.reward", "no_such_reward"], "unknown reward 'no_such_reward'"),
+    (["--model", "embedded:nosuch"], "Unknown embedded model 'embedded:nosuch'"),
+    # found by trying more (issue 45's "look for more such fields")
+    (["--lora.r", "4", "--beta", "0.04", "--sync_ref_model", "true"],
+     "sync_ref_model=True needs a separate reference model"),
+    (["--router_aux_loss_coef", "0.5"], "router_aux_loss_coef=0.5 is set but this llama model"),
+    (["--lora.r", "4", "--lora.target_modules", "[nosuch]"],
+     "lora: target_modules=['nosuch'] match no module of this llama model"),
+    (["--lora.r", "4", "--lora.bias", "nosuch"], "lora: bias='nosuch' is not supported"),
+    (["--lora.r", "4", "--lora.target_modules", "[q_proj, lm_head]", "--cast_lm_head_to_fp32",
+      "true"], "cast_lm_head_to_fp32=True is not supported with a LoRA adapter on lm_head"),
+    (["--seed", "-1"], "seed=-1 must be in [0, 2**32 - 1]"),
+    (["--per_device_train_batch_size", "0"], "per_device_train_batch_size=0 must be >= 1"),
+    (["--max_prompt_length", "0"], "max_prompt_length=0 must be >= 1"),
+    (["--output_dir", ""], "output_dir is empty"),
+    (["--model_init_kwargs", '{"attn_implementation": "nosuch"}'],
+     "model_init_kwargs ['attn_implementation']: Specified `attn_implementation=\"nosuch\"`"),
+    (["--model_init_kwargs", '{"foo": 1}'], "unexpected keyword argument 'foo'"),
+    (["--lora.r", "4", "--lora.init_lora_weights", "nosuch"], "init_lora_weights='nosuch'"),
+    (["--reward_funcs", "{name: x, params: {a: ]"], "reward_funcs entry '{name: x, params: {a: ]'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"), LATE_FAILURES, ids=[" ".join(flags) for flags, _ in LATE_FAILURES]
+)
+def test_what_failed_only_in_the_real_run_fails_in_dry_run_and_before_the_model_loads(
+    make, capsys, monkeypatch, flags, expected
+):
+    assert expected in dry_run(capsys, make(), *flags)
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded before the recipe was refused")
+
+    monkeypatch.setattr("grpo_plugin.training.policy.load_model", no_load)
+    assert cli.main(["train", make(), *flags]) == 2  # the real run: the same line, no model
+    assert expected in capsys.readouterr().err
+
+
+def test_a_hub_model_without_network_is_one_line_at_once(make, capsys, monkeypatch):
+    # transformers retried the Hub for about a minute, then raised OSError (a traceback)
+    from grpo_plugin.training import hub_access
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(hub_access, "_unresolved_host", lambda: "huggingface.co")
+    message = dry_run(capsys, make(model="someone/not-in-any-cache"))
+    assert "not in the Hugging Face cache, and the Hub cannot be reached" in message
+    assert "huggingface.co does not resolve" in message
+
+
+def test_a_model_folder_whose_tokenizer_cannot_be_read(make, capsys, tmp_path, tiny_model_dir):
+    folder = tmp_path / "no-tokenizer"
+    folder.mkdir()
+    shutil.copy(tiny_model_dir / "config.json", folder / "config.json")
+    message = dry_run(capsys, make(model=folder))
+    assert f"model {folder}: its tokenizer and config cannot be read" in message

@@ -242,3 +242,28 @@ def test_progress_is_on_unless_the_recipe_turns_it_off():
         transformers.logging.set_verbosity(level)
     assert shown.config.disable_tqdm is False and hidden.config.disable_tqdm is True
     assert "disable_tqdm" not in shown.raw  # recipe.yaml keeps what the user wrote
+
+
+def test_a_builtin_recipe_by_name_finds_its_tool_file_from_any_folder(tmp_path, monkeypatch):
+    # issue 45: `grpo-plugin train tool_use` looked for tool_use_tools.py beside the *name*,
+    # i.e. in the working directory, so it worked only from inside recipes/
+    from grpo_plugin.app.recipe_checks import recipe_tools
+
+    monkeypatch.chdir(tmp_path)
+    recipe = load_recipe("tool_use")
+    assert Path(recipe.source).resolve() == (ROOT / "recipes" / "tool_use.yaml").resolve()
+    (multiply,) = recipe_tools(recipe)
+    assert multiply(a=12, b=34) == 408
+
+
+def test_list_flags_take_a_yaml_list_as_the_yaml_does():
+    # `--reward_funcs '[{name: soft_overlong, ...}]'` was one reward named "[{name: ..."
+    flags = ["--reward_funcs", "[last_integer, {name: soft_overlong, params: {cache_length: 4}}]"]
+    recipe = load_recipe(None, ["--dataset.name", "arithmetic", *flags, "--tools", "[python]"])
+    assert recipe.args.reward_funcs == [
+        "last_integer",
+        {"name": "soft_overlong", "params": {"cache_length": 4}},
+    ]
+    assert recipe.args.tools == ["python"]
+    with pytest.raises(RecipeError, match=r"reward_funcs: cannot parse '\[a, \{' as a list"):
+        load_recipe(None, ["--dataset.name", "arithmetic", "--reward_funcs", "[a, {"])

@@ -230,6 +230,76 @@ print("written", written)
     assert [e for e in os.listdir("/tmp") if tag in e] == []
 
 
+# Each attempt runs in a forked child, so one's namespace does not change the next one's start.
+NESTED_USER_NAMESPACE = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWUSER, CLONE_NEWNET, SIGCHLD = 0x10000000, 0x40000000, 17
+
+def attempt(name, call):
+    r, w = os.pipe()
+    if os.fork() == 0:
+        os.close(r)
+        result = call()
+        if result == 0:  # in a user namespace of its own: which capabilities are ours there?
+            status = open('/proc/self/status').read().split('CapEff:')[1].split()[0]
+            os.write(w, f'{{name}} 0 CapEff={{status}}'.encode())
+        elif result > 0:  # clone's parent: the child (in its namespace) exits at once
+            os.waitpid(result, 0)
+            os.write(w, f'{{name}} 0'.encode())
+        else:
+            os.write(w, f'{{name}} -1 {{os.strerror(ctypes.get_errno())}}'.encode())
+        os._exit(0)
+    os.close(w)
+    print(os.read(r, 200).decode())
+    os.wait()
+
+def clone_child():
+    pid = libc.syscall({clone}, CLONE_NEWUSER | SIGCHLD, 0, 0, 0, 0)
+    if pid == 0:
+        os._exit(0)
+    return pid
+
+attempt('unshare', lambda: libc.unshare(CLONE_NEWUSER | CLONE_NEWNET))
+attempt('clone', clone_child)
+"""
+
+
+@pytest.mark.parametrize("isolation", [*ROOT_LEVELS, "rlimits"])
+def test_the_program_cannot_make_a_user_namespace_of_its_own(isolation):
+    """issue 45: at pivot_root the program created a nested user namespace, where it held every
+    capability (an nf_tables netlink socket in a network namespace of its own is the entry point
+    of known kernel exploits); bwrap-user forbade it, now the root levels do too (a seccomp
+    filter). At rlimits, as root, the same program gets one: the attack works."""
+    require(isolation)
+    clone = {"x86_64": 56, "aarch64": 220, "riscv64": 220}.get(os.uname().machine)
+    if clone is None:
+        pytest.skip(f"no clone(2) number for {os.uname().machine} here")
+    if isolation == "rlimits" and os.geteuid() != 0:
+        pytest.skip("the control needs the throwaway uid of a root trainer")
+    result = sandbox.run_python(NESTED_USER_NAMESPACE.format(clone=clone), isolation=isolation)
+    lines = result.stdout.splitlines()
+    if isolation == "rlimits":  # the control
+        assert lines[0].startswith("unshare 0 CapEff=")
+        assert int(lines[0].split("=")[1], 16) != 0 and lines[1] == "clone 0", result
+    else:
+        assert lines == ["unshare -1 Operation not permitted", "clone -1 Operation not permitted"]
+
+
+def test_threads_forks_and_subprocesses_still_work_under_the_filter(level):
+    """clone3 answers ENOSYS there: the C library falls back to clone, which the filter allows
+    without CLONE_NEWUSER."""
+    code = (
+        "import os, subprocess, sys, threading\n"
+        "t = threading.Thread(target=print, args=('thread',)); t.start(); t.join()\n"
+        "if os.fork() == 0:\n    os._exit(7)\n"
+        "print('fork', os.waitstatus_to_exitcode(os.wait()[1]))\n"
+        "print(subprocess.run([sys.executable, '-c', 'print(6*7)'], capture_output=True,"
+        " text=True).stdout.strip())"
+    )
+    assert sandbox.run_python(code, isolation=level).stdout.split() == ["thread", "fork", "7", "42"]
+
+
 def test_open_files_are_capped(level):
     code = "fs = []\ntry:\n    while True:\n        fs.append(open('/dev/null'))\nexcept OSError:\n    print(len(fs))"
     result = sandbox.run_python(code, isolation=level)

@@ -190,7 +190,7 @@ def test_a_dict_of_environments_is_selected_by_the_environment_column(tiny_token
     assert results == ["5" if n == "counter" else "8" for n in seen["names"]]
     log = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
     assert log["rewards/Counter/mean"] == 1.0 and log["rewards/Doubler/mean"] == 1.0
-    bad = [{"prompt": [{"role": "user", "content": "x"}], "environment": "nope"}]
+    bad = [{"prompt": [{"role": "user", "content": "x"}], "environment": "nope"}] * 2  # a rollout
     with pytest.raises(ValueError, match=r"rows name environment\(s\) \['nope'\]"):
         tool_trainer(tiny_tokenizer, tmp_path, script, record, tools=[], data=bad,
                      environment_factory={"counter": Counter})  # fmt: skip

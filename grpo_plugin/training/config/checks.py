@@ -9,7 +9,6 @@ memory autopilot's plan alike. `config` is always a `GRPOConfig` (not imported: 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
 
@@ -33,26 +32,6 @@ MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 SAMPLER_KWARGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 ROLLOUT_PRECISIONS = ("policy", "auto", "bf16", "fp16")
 CACHE_IMPLEMENTATIONS = (None, "dynamic", "static")
-
-
-_NUMBER_TYPES = {"int": (int,), "float": (int, float)}
-
-
-def check_number_fields(config: Any) -> None:
-    """A field typed `int` or `float` (not optional) holds a number: `temperature=None` or
-    `num_generations="8"` from Python would otherwise fail later as a bare TypeError."""
-    for f in dataclasses.fields(config):
-        kinds = _NUMBER_TYPES.get(
-            f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
-        )
-        value = getattr(config, f.name)
-        if (
-            kinds
-            and f.default is not None
-            and (isinstance(value, bool) or not isinstance(value, kinds))
-        ):
-            word = "an integer" if f.type in ("int", int) else "a number"
-            raise ValueError(f"{f.name}={value!r} must be {word}; e.g. {f.name}={f.default!r}.")
 
 
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -206,9 +185,25 @@ def resolve_pad_multiple(value: int | str | None) -> int | None:
     return value
 
 
+MAPPING_FIELDS = ("model_init_kwargs", "generation_kwargs", "chat_template_kwargs")
+
+
+def check_mapping_fields(config: Any) -> None:
+    """After TrainingArguments (which parses a JSON string `{...}` into a dict): each keyword
+    argument field is a mapping or None, not a string that would fail when it is used."""
+    for name in MAPPING_FIELDS:
+        value = getattr(config, name)
+        if value is not None and not isinstance(value, dict):
+            raise ValueError(
+                f"{name}={value!r} must be a mapping (a JSON object on the command line), e.g. "
+                f"""{name}='{{"key": "value"}}', or None."""
+            )
+
+
 def apply_generation_kwargs(config: Any) -> None:
     """Copy the `generation_kwargs` our sampler honours onto their fields; refuse the rest
     unless at transformers' default (after TrainingArguments, which parses a JSON string)."""
+    check_mapping_fields(config)
     for key, value in (config.generation_kwargs or {}).items():
         if key in SAMPLER_KWARGS:
             setattr(config, key, value)
@@ -391,7 +386,25 @@ def _bf16_on_cpu(config: Any) -> None:
         )
 
 
+def check_report_to(config: Any) -> None:
+    """After TrainingArguments (a list by then): each tracker is known and installed; a missing
+    one failed when the Trainer was built, after the model had loaded."""
+    from transformers.integrations import integration_utils as trackers
+
+    available = trackers.get_available_reporting_integrations()
+    for name in config.report_to or []:
+        if name not in trackers.INTEGRATION_TO_CALLBACK:
+            known = ", ".join(sorted(trackers.INTEGRATION_TO_CALLBACK))
+            raise ValueError(f"report_to={name!r} is not a tracker; use 'none' or one of {known}.")
+        if name not in available:
+            raise ValueError(
+                f"report_to={name!r}: its package is not installed here (e.g. pip install {name}); "
+                "install it or set report_to='none'."
+            )
+
+
 def check_run(config: Any) -> None:
+    check_report_to(config)
     if config.reward_timeout is not None and not config.reward_timeout > 0:
         raise ValueError(
             f"reward_timeout={config.reward_timeout} must be > 0 seconds, or None for no limit."

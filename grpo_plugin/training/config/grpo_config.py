@@ -48,7 +48,6 @@ from .checks import (
     check_evaluation,
     check_logprob_chunk_size,
     check_loss,
-    check_number_fields,
     check_refused_fields,
     check_rollout,
     check_run,
@@ -57,6 +56,7 @@ from .checks import (
     set_evaluation_defaults,
     set_run_defaults,
 )
+from .number_checks import check_number_fields
 
 # scale_rewards (TRL's knob) -> our advantage estimator.
 _SCALE_TO_ESTIMATOR = {"group": "grpo", "batch": "batch", "none": "dr_grpo"}
@@ -496,7 +496,12 @@ class GRPOConfig(TrainingArguments):
         True,
     )
 
-    _VALID_DICT_FIELDS = TrainingArguments._VALID_DICT_FIELDS + ["generation_kwargs"]
+    # JSON strings `{...}` of these become dicts in TrainingArguments.__post_init__
+    _VALID_DICT_FIELDS = TrainingArguments._VALID_DICT_FIELDS + [
+        "generation_kwargs",
+        "model_init_kwargs",
+        "chat_template_kwargs",
+    ]
 
     def __post_init__(self) -> None:
         # Before TrainingArguments' own, which would default (eval_steps, bf16) or refuse

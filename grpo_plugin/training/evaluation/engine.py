@@ -40,6 +40,7 @@ from ...rollout.types import GroupSampling, Rollout, SamplingParams
 from ..distributed import contiguous_share, failures_shared, full_parameters, gather_objects
 from ..policy import eval_mode
 from ..rewards.scoring import RewardChecks, RewardScorer
+from .setup import check_eval_options
 
 RewardFn = Callable[..., list[float | None]]
 
@@ -307,6 +308,9 @@ def evaluate(
     gathered: every number equals the one-process result. `progress` is called with the number of
     prompts done after each chunk. The model's train/eval mode is left as it was.
     """
+    options = {"k": k, "num_samples": num_samples, "max_new_tokens": max_new_tokens}
+    options.update(batch_size=batch_size, temperature=temperature, seed=seed)
+    check_eval_options({**options, "success_threshold": success_threshold})
     if "prompt" not in dataset.column_names:
         raise ValueError(
             f"evaluate needs a 'prompt' column; the dataset has {dataset.column_names}"

@@ -7,6 +7,7 @@ it before loading the model and `grpo-plugin train` turns it into exit code 2.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,47 @@ def check_metrics_result(result: Any, fn: EvalMetricsFn) -> dict[str, float]:
                 f"eval_metrics function {name!r} returned {value!r} for {key!r}; expected a number"
             ) from err
     return out
+
+
+# ----------------------------------------------------------------------------- the options
+
+# `evaluate`'s options: (kind, least value or None, what to write instead)
+EVAL_OPTIONS = {
+    "k": ("int", 0, "pass@k's k, e.g. 8; 0 turns pass@k off"),
+    "num_samples": ("int", 1, "samples per prompt for pass@k, >= k"),
+    "max_new_tokens": ("int", 1, "new tokens per completion, e.g. 256"),
+    "batch_size": ("int", 1, "sequences generated at once, e.g. 32"),
+    "temperature": ("float", 0, "the sampling temperature of pass@k, e.g. 1.0"),
+    "success_threshold": ("float", None, "the first reward a correct completion reaches, e.g. 1.0"),
+    "seed": ("int", None, "it keys the samples, e.g. 0"),
+}
+
+
+def _fits(value: Any, kind: str, least: float | None) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if kind == "int" and not isinstance(value, int):
+        return False
+    return math.isfinite(value) and (least is None or value >= least)
+
+
+def check_eval_options(options: dict[str, Any], name: Callable[[str], str] = str) -> None:
+    """`evaluate`'s options (None: the default) before anything is generated: one line naming
+    the option as the user wrote it (`name`: e.g. "eval.k" in a recipe, "--k" on the command
+    line). `--k -3` failed in the middle of the evaluation as a negative tensor dimension."""
+    for key, value in options.items():
+        if key not in EVAL_OPTIONS or value is None:
+            continue
+        kind, least, what = EVAL_OPTIONS[key]
+        if not _fits(value, kind, least):
+            word = "an integer" if kind == "int" else "a finite number"
+            bound = f" >= {least}" if least is not None else ""
+            raise ValueError(f"{name(key)}={value!r} must be {word}{bound}: {what}.")
+    k, samples = options.get("k"), options.get("num_samples")
+    if k and samples is not None and samples < k:
+        raise ValueError(
+            f"{name('num_samples')}={samples} must be >= {name('k')}={k}: pass@k draws k of them."
+        )
 
 
 # ----------------------------------------------------------------------------- the eval sets

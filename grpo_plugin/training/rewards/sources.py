@@ -17,6 +17,7 @@ import torch
 import reward_fns
 
 from ...rollout.types import Rollout
+from ..config.number_checks import check_reward_weights
 from .context import RewardContext, warn_if_unscored
 from .reward_models import is_reward_model, place_reward_models, resolve_reward_funcs
 from .scoring import RewardChecks, RewardScorer
@@ -46,6 +47,8 @@ class RewardSources:
         """Resolve `reward_funcs` (loading reward models with `init_kwargs`) and check the weights
         (`args.reward_weights`). `extra` rewards (environments' `get_reward`) come last, with
         weight 1 each, as in TRL; with them `reward_funcs` may be None."""
+        # all-zero weights learn nothing, unless environments' rewards (weight 1) are learned
+        check_reward_weights(args.reward_weights, all_zero_ok=bool(extra))
         given = reward_funcs is not None or not extra
         funcs = resolve_reward_funcs(reward_funcs, processing_classes, init_kwargs) if given else []
         weights = reward_weight_tensor(args.reward_weights, len(funcs)) if funcs else torch.ones(0)

@@ -159,3 +159,79 @@ def test_a_launch_that_started_this_process_alone_is_refused(tmp_path, monkeypat
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # set there when several were asked for
     with pytest.raises(ValueError, match="set `distributed_type: MULTI_GPU`"):
         make(tmp_path)
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [  # issue 45: `--reward_weights nan` trained nothing (every advantage 0) and exited 0
+        ({"reward_weights": [NAN]}, r"reward_weights\[0\]=nan must be a finite number"),
+        ({"reward_weights": [1.0, INF]}, r"reward_weights\[1\]=inf must be a finite number"),
+        ({"reward_weights": [1.0, "2"]}, r"reward_weights\[1\]='2' must be a finite number"),
+        ({"reward_weights": 1.0}, r"reward_weights=1.0 must be a list with one number per"),
+        # NaN passed every `x <= 0` check; infinity where it is no setting
+        ({"temperature": NAN}, "temperature=nan must be a finite number"),
+        ({"temperature": INF}, "temperature=inf must be a finite number"),
+        ({"beta": NAN}, "beta=nan must be a finite number"),
+        ({"entropy_coef": NAN}, "entropy_coef=nan must be a finite number"),
+        ({"num_train_epochs": NAN}, "num_train_epochs=nan must be a finite number"),
+        ({"reward_timeout": INF}, "reward_timeout=inf must be a finite number"),
+        ({"max_grad_norm": NAN}, "max_grad_norm=nan must be a finite number"),
+        ({"max_grad_norm": -INF}, "max_grad_norm=-inf must be a finite number"),
+        ({"delta": "big"}, "delta='big' must be a number"),
+        # what torch's AdamW refused only once the model had loaded
+        ({"adam_beta1": 1.5}, r"adam_beta1=1.5 must be in \[0, 1\)"),
+        ({"adam_beta2": -0.1}, r"adam_beta2=-0.1 must be in \[0, 1\)"),
+        ({"adam_epsilon": -1e-8}, "adam_epsilon=-1e-08 must be >= 0"),
+        ({"weight_decay": -0.1}, "weight_decay=-0.1 must be >= 0"),
+        # a batch size of 0 passed (0 % G == 0) and failed in the DataLoader after the load
+        ({"per_device_train_batch_size": 0}, "per_device_train_batch_size=0 must be >= 1"),
+        ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps=0 must be >= 1"),
+        ({"steps_per_generation": 0}, "steps_per_generation=0 must be >= 1, or None"),
+        ({"generation_batch_size": 0}, "generation_batch_size=0 must be >= 1, or None"),
+        # taken silently: empty prompts; 3 epochs for "0 steps"; no training at all
+        ({"max_prompt_length": 0}, "max_prompt_length=0 must be >= 1, or None"),
+        ({"max_steps": 0}, "max_steps=0 would train num_train_epochs epochs"),
+        ({"max_steps": -1, "num_train_epochs": 0}, "num_train_epochs=0 with max_steps=-1 trains"),
+        # numpy's legacy seeding refused them in set_seed, after the model had loaded
+        ({"seed": -1}, r"seed=-1 must be in \[0, 2\*\*32 - 1\]"),
+        ({"seed": 2**40}, r"seed=1099511627776 must be in \[0, 2\*\*32 - 1\]"),
+        ({"data_seed": -1}, r"data_seed=-1 must be in"),
+        ({"dataloader_num_workers": -1}, "dataloader_num_workers=-1 must be >= 0"),
+        # a negative logging_steps never logged, save_steps 0 never saved: both silently
+        ({"logging_steps": -1}, "logging_steps=-1 must be > 0 with logging_strategy='steps'"),
+        ({"save_strategy": "steps", "save_steps": 0}, "save_steps=0 must be > 0 with save_str"),
+        ({"eval_strategy": "steps", "eval_steps": -2}, "eval_steps=-2 must be > 0 with eval_str"),
+        ({"report_to": "nosuch"}, "report_to='nosuch' is not a tracker"),
+    ],
+)
+def test_non_finite_and_out_of_range_numbers_are_refused(tmp_path, kw, message):
+    with pytest.raises(ValueError, match=message):
+        make(tmp_path, **kw)
+
+
+def test_infinity_where_it_means_no_bound_is_accepted(tmp_path):
+    c = make(tmp_path, max_grad_norm=INF, epsilon_high=INF, sampling_correction_clip_max=INF)
+    assert c.max_grad_norm == INF and c.sampling_correction_clip_max == INF
+    # all-zero weights stay allowed here: an environment's reward (weight 1) may be the one learned
+    assert make(tmp_path, reward_weights=[0.0, 0]).reward_weights == [0.0, 0]
+
+
+def test_a_tracker_that_is_not_installed_is_refused(tmp_path):
+    # the Trainer raised it once the model had loaded
+    from transformers.integrations import get_available_reporting_integrations
+
+    missing = next(
+        (
+            t
+            for t in ("wandb", "mlflow", "comet_ml")
+            if t not in get_available_reporting_integrations()
+        ),
+        None,
+    )
+    if missing is None:
+        pytest.skip("every tracker tried is installed here")
+    with pytest.raises(ValueError, match=f"report_to='{missing}': its package is not installed"):
+        make(tmp_path, report_to=missing)

@@ -188,3 +188,23 @@ def test_samples_do_not_depend_on_the_batch_size(tiny_model, tiny_tokenizer):
     assert len(sampled[16]) == 10
     assert sampled[2][greedy:] == sampled[4][greedy:] == sampled[16][greedy:]
     assert len(set(map(tuple, sampled[16][greedy:]))) > 1  # real samples, not all identical
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [  # issue 45: k=-3 failed mid-evaluation as a negative tensor dimension
+        ({"k": -3}, "k=-3 must be an integer >= 0"),
+        ({"k": 4, "num_samples": 2}, "num_samples=2 must be >= k=4"),
+        ({"max_new_tokens": 0}, "max_new_tokens=0 must be an integer >= 1"),
+        ({"batch_size": 0}, "batch_size=0 must be an integer >= 1"),
+        ({"temperature": float("nan")}, "temperature=nan must be a finite number >= 0"),
+        ({"success_threshold": float("inf")}, "success_threshold=inf must be a finite number"),
+    ],
+)
+def test_evaluate_refuses_bad_options_before_generating(options, expected):
+    def never(*args, **kwargs):
+        raise AssertionError("the reward was called: something was generated")
+
+    data = Dataset.from_dict({"prompt": ["1+1="]})
+    with pytest.raises(ValueError, match=expected):
+        evaluate(None, None, data, never, **options)  # no model needed: refused first

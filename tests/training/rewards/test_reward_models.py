@@ -70,7 +70,7 @@ def test_a_causal_lm_path_is_refused_before_any_model_loads(tiny_model_dir, tmp_
         RewardModelError, match="has no sequence-classification head .*LlamaForCausalLM"
     ):
         args = tiny_config(tmp_path)
-        GRPOTrainer(str(tiny_model_dir), str(tiny_model_dir), args, [{"prompt": "a"}])
+        GRPOTrainer(str(tiny_model_dir), str(tiny_model_dir), args, [{"prompt": "a"}] * 2)
 
 
 def test_a_checkpoint_without_trained_head_weights_is_refused(tiny_tokenizer, tmp_path):
