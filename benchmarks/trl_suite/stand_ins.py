@@ -72,7 +72,9 @@ class Tokens:
 
 
 QWEN2_5 = Tokens("qwen2_5.jinja", "<|im_end|>", "<|endoftext|>")
-QWEN3 = Tokens("qwen3.jinja", "<|im_end|>", "<|endoftext|>", extra=["<think>", "</think>"])
+# Qwen3's four tokens past Qwen2.5's vocabulary, in Qwen3's order (ids 151665..151668)
+QWEN3_EXTRA = ["<tool_response>", "</tool_response>", "<think>", "</think>"]
+QWEN3 = Tokens("qwen3.jinja", "<|im_end|>", "<|endoftext|>", extra=QWEN3_EXTRA)
 LLAMA3_2 = Tokens(
     "llama3_2.jinja",
     "<|eot_id|>",
@@ -112,9 +114,7 @@ GLM4_MOE = Tokens(
     None,
     ["[gMASK]", "<sop>", "<|system|>", "<|assistant|>", "<|observation|>", "<think>", "</think>"],
 )
-NEMOTRON = Tokens(
-    "nemotron_3_nano.jinja", "<|im_end|>", "<|endoftext|>", extra=["<think>", "</think>"]
-)
+NEMOTRON = Tokens("nemotron_3_nano.jinja", "<|im_end|>", "<|endoftext|>", extra=QWEN3_EXTRA)
 GEMMA2 = Tokens("gemma.jinja", "<end_of_turn>", "<pad>", "<bos>", ["<start_of_turn>"])
 MISTRAL = Tokens("llama3_2.jinja", "</s>", None, "<s>", ["[INST]", "[/INST]"])
 
@@ -250,7 +250,8 @@ def make_tokenizer(base: Path, tokens: Tokens):
 
     tok = AutoTokenizer.from_pretrained(str(base))
     specials = [t for t in (tokens.eos, tokens.pad, tokens.bos, *tokens.extra) if t]
-    tok.add_special_tokens({"additional_special_tokens": sorted(set(specials) - set(tok.vocab))})
+    new = [t for i, t in enumerate(specials) if t not in tok.get_vocab() and t not in specials[:i]]
+    tok.add_special_tokens({"additional_special_tokens": new})  # in order: ids as the real ones
     tok.eos_token, tok.pad_token, tok.bos_token = tokens.eos, tokens.pad, tokens.bos
     template = Path(trl.__file__).parent / "chat_templates" / tokens.template
     tok.chat_template = template.read_text()

@@ -43,6 +43,7 @@ from .config.grpo_config import GRPOConfig
 from .evaluation.setup import check_eval_setup, eval_set_names, prefixed, resolve_eval_metrics
 from .evaluation.watch import RewardHackingCallback
 from .inputs import check_inputs, check_prompt_lengths_of
+from .liger import check_liger
 from .metrics import MetricsWindow, ZeroStdWatch, reward_metrics, rollout_tokens
 from .objective import TrainingObjective, shuffle_for_reuse, training_batch
 from .policy import (
@@ -93,6 +94,7 @@ class GRPOTrainer(TRLAttributes, Trainer):
         if not isinstance(args, GRPOConfig):
             raise TypeError(f"args must be a grpo_plugin.GRPOConfig, got {type(args).__name__}.")
         # Cheap checks first: nothing is loaded before the inputs are known to be usable.
+        check_liger(args, model, peft_config)  # TRL's reasons, case by case
         tool_inputs = ToolInputs.check(tools, rollout_func, environment_factory, args)
         autopilot.check_inputs(args, tool_inputs)  # what auto_find_batch_size cannot plan for
         train_dataset = tool_inputs.owned_data(train_dataset, args)  # None: the environment's
@@ -120,7 +122,7 @@ class GRPOTrainer(TRLAttributes, Trainer):
         check_prompt_lengths_of(train_dataset, processing_class, model.config, args)
         self.ref_model = build_reference(model, args.beta)
         self.tool_setup = tool_inputs.setup(processing_class, args)  # the template is checked
-        self.tools, self.rollout_func = [t.fn for t in tool_inputs.tools], rollout_func
+        self.tools, self.rollout_func = tool_inputs.public_tools(), rollout_func
         self._sampler = RolloutSampler(self, self.tool_setup, rollout_func, args, model)
         super().__init__(
             model=model,
@@ -132,6 +134,7 @@ class GRPOTrainer(TRLAttributes, Trainer):
             callbacks=callbacks,
             optimizers=optimizers,
         )
+        self._step_metrics = MetricsWindow()  # this optimizer step's, for metrics.jsonl
         replace_default_callbacks(self)
         self.eval_watch = RewardHackingCallback(prefixed("accuracy", (eval_sets or [""])[0]))
         self.add_callback(self.eval_watch)
@@ -144,7 +147,8 @@ class GRPOTrainer(TRLAttributes, Trainer):
         # what a resume restores besides weights, optimizer, scheduler and RNG (run/state.py)
         synced = self.ref_model if args.sync_ref_model else None
         watches = ZeroStdWatch(args.zero_std_patience), self.eval_watch
-        self.run_state = RunState(MetricsWindow(), *watches, synced_reference=synced)
+        window = MetricsWindow(mirror=self._step_metrics)  # logging_steps' window; step's mirror
+        self.run_state = RunState(window, *watches, synced_reference=synced)
         self._metrics = self.run_state.metrics  # the window the rollout's metrics go to
         self._seen_step, self._micro, self._rollout_key = -1, 0, RolloutKey(args.seed, 0)
         self.resume_plan = resume.ResumePlan()  # what train()'s resume checks found (resume.py)
@@ -187,6 +191,15 @@ class GRPOTrainer(TRLAttributes, Trainer):
             sampler_fn=self._get_train_sampler,
             is_training=True,
         )
+
+    def get_eval_dataloader(self, eval_dataset=None):
+        """The Trainer's (evaluation here does not use it; user code may): a streamed eval set is
+        read by one worker, as TRL's, without changing the train loader's workers."""
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if isinstance(dataset, str):  # a name of the dict of eval sets
+            dataset = self.eval_dataset[dataset]
+        with streaming.single_worker_for(dataset, self.args):
+            return super().get_eval_dataloader(eval_dataset)
 
     def _prepare_inputs(self, rows: list[dict]) -> TrainingBatch:
         """The micro-batch for this accumulation step; a new rollout every
@@ -332,6 +345,7 @@ class GRPOTrainer(TRLAttributes, Trainer):
             self._held_prompt.discard()  # the step failed: nothing of it may reach a later one
             raise
         self._held_prompt.after_backward(step_ends=self.accelerator.sync_gradients)
+        self._step_metrics.add("loss", loss.item())  # / GA already: the step's loss is the sum
         spent = self._metrics.total(*rollout_keys) - spent_before
         self._metrics.add("timing/train_s", time.perf_counter() - start - spent)
         self._metrics.add("step_time", time.perf_counter() - start)  # TRL's, rollout included
@@ -361,6 +375,13 @@ class GRPOTrainer(TRLAttributes, Trainer):
             window = self._metrics.flush(self.state.global_step)
             logs.update(distributed.reduce_metrics(self.accelerator, window))
         super().log(logs, start_time)
+
+    def step_log(self) -> dict[str, float]:
+        """This optimizer step's metrics, reduced over processes (a collective): metrics.jsonl's
+        line for the step (callbacks.py), whatever `logging_steps` is."""
+        window = self._step_metrics.flush(self.state.global_step)
+        record = distributed.reduce_metrics(self.accelerator, window)
+        return record | {"learning_rate": self._get_learning_rate(), "epoch": self.state.epoch}
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
         """Greedy accuracy, pass@k and TRL's eval metrics on the held-out set(s), logged once."""
@@ -425,6 +446,7 @@ class GRPOTrainer(TRLAttributes, Trainer):
     def _get_grad_norm(self, model, grad_norm=None):
         grad_norm = super()._get_grad_norm(model, grad_norm)
         guards.check_grad_norm(grad_norm, self.state.global_step)
+        self._step_metrics.add("grad_norm", float(grad_norm))
         return grad_norm
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:

@@ -152,8 +152,8 @@ class ToolInputs:
             )
         if self.environments.by_column:
             raise ValueError(
-                "a dict environment_factory routes each row by its `environment` column, so it "
-                "needs a train_dataset with that column; give one, or a single factory."
+                "a dict environment_factory requires a `train_dataset` with an `environment` "
+                "column (each row is routed by it); give one, or a single factory."
             )
         if args.max_steps is None or args.max_steps <= 0:
             raise ValueError(
@@ -163,6 +163,16 @@ class ToolInputs:
         from datasets import Dataset
 
         return Dataset.from_dict({"prompt": [list(EMPTY_PROMPT)] * args.prompts_per_generation})
+
+    def public_tools(self) -> list[Callable[..., Any]]:
+        """`trainer.tools` as TRL exposes it: the user's tools, then each environment class's tool
+        methods (bound to its first instance; not `reset` nor `get_reward`), once per name."""
+        found = {t.name: t.fn for t in self.tools}
+        if self.environments is not None:
+            for pool in self.environments.pool.values():
+                for tool in self.environments.tools_of(pool[0]):
+                    found.setdefault(tool.name, tool.fn)
+        return list(found.values())
 
     @property
     def uses_tools(self) -> bool:
