@@ -28,7 +28,9 @@ class PromptBatchSampler(Sampler[int]):
 
     Only whole blocks are produced. `set_epoch` reseeds the shuffle, so a resumed run sees the same
     order as the original one (the Trainer skips the batches it already trained on). The order of
-    the blocks depends on the seed and the epoch only, not on `num_shards`.
+    the blocks depends on the seed and the epoch only, not on `num_shards`. With `mini_repeat=G`
+    each index comes G times in a row (TRL's `RepeatSampler`: a batch of P prompts is P*G rows,
+    each prompt once per completion, as TRL's trainer hands them to `training_step`).
     """
 
     def __init__(
@@ -39,6 +41,7 @@ class PromptBatchSampler(Sampler[int]):
         shuffle: bool = True,
         seed: int = 0,
         num_shards: int = 1,
+        mini_repeat: int = 1,
     ):
         block = prompts_per_batch * num_shards
         if num_rows < block:
@@ -48,7 +51,7 @@ class PromptBatchSampler(Sampler[int]):
                 f"{block}; add prompts or lower per_device_train_batch_size."
             )
         self.num_rows, self.prompts_per_batch, self.repeats = num_rows, prompts_per_batch, repeats
-        self.num_shards = num_shards
+        self.num_shards, self.mini_repeat = num_shards, mini_repeat
         self.shuffle, self.seed, self.epoch = shuffle, seed, 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -65,11 +68,12 @@ class PromptBatchSampler(Sampler[int]):
         for b in range(self.num_rows // size):
             block = order[b * size : (b + 1) * size]  # shard k is block[k*P : (k+1)*P]
             for _ in range(self.repeats):
-                yield from block
+                for index in block:
+                    yield from [index] * self.mini_repeat
 
     def __len__(self) -> int:
         size = self.prompts_per_batch * self.num_shards
-        return (self.num_rows // size) * size * self.repeats
+        return (self.num_rows // size) * size * self.repeats * self.mini_repeat
 
 
 def identity_collate(rows: list[dict]) -> list[dict]:

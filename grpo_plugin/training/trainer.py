@@ -175,8 +175,9 @@ class GRPOTrainer(TRLAttributes, Trainer):
         a = self.args
         repeats = a.steps_per_generation * a.num_iterations
         # one shard of every rollout's prompts per process (a.world_size of them)
-        P, shuffle = a.prompts_per_generation, a.shuffle_dataset
-        return PromptBatchSampler(len(dataset), P, repeats, shuffle, a.seed, a.world_size)
+        P, shuffle, G = a.prompts_per_generation, a.shuffle_dataset, a.num_generations
+        # each prompt G times in a row, as TRL's sampler: training_step sees TRL's rows
+        return PromptBatchSampler(len(dataset), P, repeats, shuffle, a.seed, a.world_size, G)
 
     def get_train_dataloader(self):
         if self.train_dataset is None:
@@ -187,7 +188,7 @@ class GRPOTrainer(TRLAttributes, Trainer):
         return self._get_dataloader(
             dataset=self.train_dataset,
             description="Training",
-            batch_size=self.args.prompts_per_generation,
+            batch_size=self.args.prompts_per_generation * self.args.num_generations,
             sampler_fn=self._get_train_sampler,
             is_training=True,
         )
@@ -205,6 +206,8 @@ class GRPOTrainer(TRLAttributes, Trainer):
         """The micro-batch for this accumulation step; a new rollout every
         `steps_per_generation * num_iterations` micro-steps."""
         a = self.args
+        if not streaming.is_streamed(self.train_dataset):  # each prompt G times (the sampler)
+            rows = rows[:: a.num_generations]
         if self.state.global_step != self._seen_step:
             self._seen_step, self._micro = self.state.global_step, 0
         micro = self.state.global_step * a.gradient_accumulation_steps + self._micro

@@ -26,3 +26,10 @@ def test_group_shuffle_keeps_groups_contiguous():
         and shared_group_size(8, 4) == 4
         and shared_group_size(6, 4) == 2
     )
+
+
+def test_mini_repeat_gives_each_index_g_times_in_a_row_as_trls_repeat_sampler():
+    plain = list(PromptBatchSampler(10, 3, 2, seed=7))
+    repeated = PromptBatchSampler(10, 3, 2, seed=7, mini_repeat=4)
+    assert list(repeated) == [i for i in plain for _ in range(4)]
+    assert len(repeated) == 4 * len(plain)

@@ -455,3 +455,22 @@ def test_use_liger_kernel_is_decided_per_case_with_trls_reasons(
         GRPOTrainer(make_tiny_model(tiny_tokenizer), char_codes, args=args,
                     train_dataset=SEVEN_DATA, processing_class=tiny_tokenizer,
                     peft_config=config)  # fmt: skip
+
+
+def test_training_step_gets_the_generation_batch_as_trls_sampler_orders_it(tiny_tokenizer,
+                                                                           tmp_path):  # fmt: skip
+    # test_prepare_input_called_with_correct_data: each prompt G times in a row, the whole
+    # generation batch at every micro-step of its steps_per_generation * num_iterations
+    from unittest.mock import patch
+
+    args = tiny_config(tmp_path, gradient_accumulation_steps=3, steps_per_generation=4,
+                       num_generations=4, per_device_train_batch_size=6, num_iterations=2,
+                       shuffle_dataset=False, max_steps=-1, num_train_epochs=1)  # fmt: skip
+    data = [{"prompt": r["prompt"]} for r in SEVEN_DATA[:13]]  # 2 generation batches of 6
+    trainer = GRPOTrainer(make_tiny_model(tiny_tokenizer), char_codes, args=args,
+                          train_dataset=data, processing_class=tiny_tokenizer)  # fmt: skip
+    with patch.object(GRPOTrainer, "training_step", wraps=trainer.training_step) as step:
+        trainer.train()
+    assert step.call_count == 16  # 2 generation batches x 4 steps_per_generation x 2 iterations
+    for call, first in zip(step.call_args_list, [0] * 8 + [6] * 8):
+        assert call.args[1] == [p for p in data[first : first + 6] for _ in range(4)]
