@@ -63,6 +63,17 @@ def _call(generate: Generate, histories: list[list[int]], request: GenerationReq
         eos_token_id=list(request.eos_token_ids),
     )
     sequences = getattr(out, "sequences", out)  # (n, L + T)
+    if not (
+        isinstance(sequences, torch.Tensor)
+        and sequences.dim() == 2
+        and sequences.shape[0] == ids.shape[0]
+        and torch.equal(sequences[:, : ids.shape[1]].cpu(), ids)
+    ):
+        got = tuple(sequences.shape) if isinstance(sequences, torch.Tensor) else type(sequences)
+        raise ValueError(
+            f"the replaced model.generate returned {got} for input_ids {tuple(ids.shape)}; like "
+            "transformers' generate it must return each row's input ids followed by its new tokens"
+        )
     rows = []
     for row in sequences[:, ids.shape[1] :].tolist():
         row = row[:budget]

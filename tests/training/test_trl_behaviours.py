@@ -340,7 +340,7 @@ def test_a_replaced_generate_drives_the_tool_loop(tiny_tokenizer, tmp_path):
     first = [call("multiply", '{"a": 3, "b": 4}') + "</s>",
              call("multiply", '{"a": 3, "c": 4}') + "</s>", "no tool</s>"]  # fmt: skip
     args = tiny_config(tmp_path, per_device_train_batch_size=3, num_generations=3,
-                       max_completion_length=200, max_steps=2)  # fmt: skip
+                       max_completion_length=200, max_steps=2, logging_steps=10)  # fmt: skip
     data = [{"prompt": [{"role": "user", "content": "Multiply 3 and 4"}]}] * 4
     trainer = GRPOTrainer(make_tiny_model(tok), reward_len, args=args, train_dataset=data,
                           processing_class=tok, tools=[multiply])  # fmt: skip
@@ -474,3 +474,16 @@ def test_training_step_gets_the_generation_batch_as_trls_sampler_orders_it(tiny_
     assert step.call_count == 16  # 2 generation batches x 4 steps_per_generation x 2 iterations
     for call, first in zip(step.call_args_list, [0] * 8 + [6] * 8):
         assert call.args[1] == [p for p in data[first : first + 6] for _ in range(4)]
+
+
+def test_a_replaced_generate_that_drops_the_prompt_is_refused(tiny_tokenizer, tmp_path):
+    from unittest.mock import patch
+
+    def completions_only(input_ids, **kwargs):  # not transformers' contract: no prompt ids
+        return torch.full((input_ids.shape[0], 4), 7, device=input_ids.device)
+
+    trainer = GRPOTrainer(make_tiny_model(tiny_tokenizer), char_codes, args=tiny_config(tmp_path),
+                          train_dataset=SEVEN_DATA, processing_class=tiny_tokenizer)  # fmt: skip
+    with patch.object(trainer.model, "generate", side_effect=completions_only):
+        with pytest.raises(ValueError, match="input ids followed by its new tokens"):
+            trainer.train()

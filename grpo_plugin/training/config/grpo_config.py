@@ -16,6 +16,7 @@ Defaults that differ from `transformers.TrainingArguments`:
 - `learning_rate=1e-5`: TRL's 1e-6 targets full fine-tuning. A LoRA update is a rank-r delta scaled by
   alpha/r, and GRPO's per-step signal is small (most groups carry zero advantage early on), so LoRA GRPO
   needs roughly 10x more; 1e-5 is safe for 0.5-8B models. Tiny models (the 135M demo) use 1e-4..5e-4.
+- `logging_steps=10`: TRL's (log_history and report_to average 10 steps); metrics.jsonl gets every step.
 - `bf16=None`: resolved to True only on a CUDA device that supports bf16; fp32 on CPU. `bf16=True`
   is mixed precision (float32 weights, bf16 autocast: `training/policy.py`, `distributed.py`).
   `bf16=True` on a CPU sets `use_cpu` (transformers asks for it) and warns without AVX512-BF16/AMX.
