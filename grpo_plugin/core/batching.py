@@ -28,9 +28,7 @@ class PromptBatchSampler(Sampler[int]):
 
     Only whole blocks are produced. `set_epoch` reseeds the shuffle, so a resumed run sees the same
     order as the original one (the Trainer skips the batches it already trained on). The order of
-    the blocks depends on the seed and the epoch only, not on `num_shards`. With `mini_repeat=G`
-    each index comes G times in a row (TRL's `RepeatSampler`: a batch of P prompts is P*G rows,
-    each prompt once per completion, as TRL's trainer hands them to `training_step`).
+    the blocks depends on the seed and the epoch only, not on `num_shards`.
     """
 
     def __init__(
@@ -41,7 +39,6 @@ class PromptBatchSampler(Sampler[int]):
         shuffle: bool = True,
         seed: int = 0,
         num_shards: int = 1,
-        mini_repeat: int = 1,
     ):
         block = prompts_per_batch * num_shards
         if num_rows < block:
@@ -51,7 +48,7 @@ class PromptBatchSampler(Sampler[int]):
                 f"{block}; add prompts or lower per_device_train_batch_size."
             )
         self.num_rows, self.prompts_per_batch, self.repeats = num_rows, prompts_per_batch, repeats
-        self.num_shards, self.mini_repeat = num_shards, mini_repeat
+        self.num_shards = num_shards
         self.shuffle, self.seed, self.epoch = shuffle, seed, 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -68,12 +65,30 @@ class PromptBatchSampler(Sampler[int]):
         for b in range(self.num_rows // size):
             block = order[b * size : (b + 1) * size]  # shard k is block[k*P : (k+1)*P]
             for _ in range(self.repeats):
-                for index in block:
-                    yield from [index] * self.mini_repeat
+                yield from block
 
     def __len__(self) -> int:
         size = self.prompts_per_batch * self.num_shards
-        return (self.num_rows // size) * size * self.repeats * self.mini_repeat
+        return (self.num_rows // size) * size * self.repeats
+
+
+class RepeatEach(Sampler[int]):
+    """Each index of `sampler` `times` in a row: TRL's `RepeatSampler` repeats each prompt once
+    per completion, so a batch of P prompts is P*G rows, as TRL's trainer hands them to
+    `training_step` (the trainer keeps every G-th row)."""
+
+    def __init__(self, sampler: PromptBatchSampler, times: int):
+        self.sampler, self.times = sampler, times
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        for index in self.sampler:
+            yield from [index] * self.times
+
+    def __len__(self) -> int:
+        return len(self.sampler) * self.times
 
 
 def identity_collate(rows: list[dict]) -> list[dict]:

@@ -211,7 +211,9 @@ def run_tool_loop(
     spec = replace(decode_spec(request), drop_finished=False, on_step=None)
     generate = replaced_generate(model)
     if generate is not None:  # user code replaced model.generate: honour it (replaced_generate.py)
-        return _tool_loop_through(generate, model, tokenizer, prompt_ids, boxes, setup, request)
+        plain = replace(spec, record_logprobs=False)
+        loop = _Loop(model, tokenizer, setup, plain, prompt_ids, boxes)
+        return _tool_loop_through(generate, loop, request, setup.max_iterations)
     shared = _groups_share(prompt_ids, group)
     unique = prompt_ids[::group] if shared else prompt_ids
     loop = _Loop(model, tokenizer, setup, spec, prompt_ids, boxes)
@@ -241,11 +243,9 @@ def run_tool_loop(
     )
 
 
-def _tool_loop_through(generate, model, tokenizer, prompt_ids, boxes, setup, request):
-    spec = replace(decode_spec(request), record_logprobs=False, on_step=None)
-    loop = _Loop(model, tokenizer, setup, spec, prompt_ids, boxes)
-    tool_loop_with(generate, loop, request, setup.max_iterations)
-    ids, mask = left_pad(prompt_ids, request.pad_id)  # (N, Lp)
+def _tool_loop_through(generate, loop: _Loop, request: GenerationRequest, limit: int | None):
+    tool_loop_with(generate, loop, request, limit)
+    ids, mask = left_pad(loop.prompts, request.pad_id)  # (N, Lp)
     prefilled = int(mask.sum()) + sum(len(t.ids) for t in loop.traj)  # re-encoded each turn
     return ToolLoopResult(
         prompt_ids=ids,

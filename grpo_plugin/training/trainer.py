@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, Trainer
 
-from ..core.batching import PromptBatchSampler, identity_collate, shared_group_size
+from ..core.batching import identity_collate, shared_group_size
 from ..core.logprobs import CompletionLogprobs, completion_logprobs
 from ..core.prompt_grad import SharedPromptGrad
 from ..rollout.dynamic_sampling import refill
@@ -44,6 +44,7 @@ from .evaluation.setup import check_eval_setup, eval_set_names, prefixed, resolv
 from .evaluation.watch import RewardHackingCallback
 from .inputs import check_inputs, check_prompt_lengths_of
 from .liger import check_liger
+from .loaders import TrainerLoaders
 from .metrics import MetricsWindow, ZeroStdWatch, reward_metrics, rollout_tokens
 from .objective import TrainingObjective, shuffle_for_reuse, training_batch
 from .policy import (
@@ -59,13 +60,12 @@ from .rewards.sources import RewardSources
 from .run import checkpoints, completions_log, guards, lifecycle, resume, rundir
 from .run import lock as run_lock
 from .run.state import RunState, mid_rollout
-from .sampling import streaming
 from .sampling.rollouts import RolloutSampler
 from .sampling.tools import ToolInputs
 from .trl_attributes import TRLAttributes
 
 
-class GRPOTrainer(TRLAttributes, Trainer):
+class GRPOTrainer(TRLAttributes, TrainerLoaders, Trainer):
     """TRL-compatible GRPO trainer (see `GRPOConfig` for every option). `dataset_names` (Hub ids
     of the training data) may be set after construction: `grpo_run.json` and the model card name
     them. `eval_dataset` may be a dict of named sets; `eval_metrics` (a callable or
@@ -169,45 +169,10 @@ class GRPOTrainer(TRLAttributes, Trainer):
             )
         warn_on_loss_combinations(args)
 
-    # --- data ----------------------------------------------------------------------------------
-    def _get_train_sampler(self, train_dataset=None) -> PromptBatchSampler:
-        dataset = train_dataset if train_dataset is not None else self.train_dataset
-        a = self.args
-        repeats = a.steps_per_generation * a.num_iterations
-        # one shard of every rollout's prompts per process (a.world_size of them)
-        P, shuffle, G = a.prompts_per_generation, a.shuffle_dataset, a.num_generations
-        # each prompt G times in a row, as TRL's sampler: training_step sees TRL's rows
-        return PromptBatchSampler(len(dataset), P, repeats, shuffle, a.seed, a.world_size, G)
-
-    def get_train_dataloader(self):
-        if self.train_dataset is None:
-            raise ValueError("GRPOTrainer.train() needs a train_dataset with a 'prompt' column.")
-        if streaming.is_streamed(self.train_dataset):
-            a = self.args
-            return streaming.stream_dataloader(self.train_dataset, a, a.process_index, a.world_size)
-        return self._get_dataloader(
-            dataset=self.train_dataset,
-            description="Training",
-            batch_size=self.args.prompts_per_generation * self.args.num_generations,
-            sampler_fn=self._get_train_sampler,
-            is_training=True,
-        )
-
-    def get_eval_dataloader(self, eval_dataset=None):
-        """The Trainer's (evaluation here does not use it; user code may): a streamed eval set is
-        read by one worker, as TRL's, without changing the train loader's workers."""
-        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
-        if isinstance(dataset, str):  # a name of the dict of eval sets
-            dataset = self.eval_dataset[dataset]
-        with streaming.single_worker_for(dataset, self.args):
-            return super().get_eval_dataloader(eval_dataset)
-
     def _prepare_inputs(self, rows: list[dict]) -> TrainingBatch:
         """The micro-batch for this accumulation step; a new rollout every
         `steps_per_generation * num_iterations` micro-steps."""
-        a = self.args
-        if not streaming.is_streamed(self.train_dataset):  # each prompt G times (the sampler)
-            rows = rows[:: a.num_generations]
+        a, rows = self.args, self.rollout_rows(rows)  # one row per prompt (loaders.py)
         if self.state.global_step != self._seen_step:
             self._seen_step, self._micro = self.state.global_step, 0
         micro = self.state.global_step * a.gradient_accumulation_steps + self._micro
