@@ -137,9 +137,10 @@ class MetricsWindow:
     def total(self, *keys: str) -> float:
         return sum(sum(self.values.get(key, ())) for key in keys)
 
-    def flush(self, global_step: int) -> dict[str, float]:
-        """The window's averages; the window starts again empty."""
-        steps = max(1, global_step - self.last_logged_step)
+    def flush(self, global_step: int, steps: int | None = None) -> dict[str, float]:
+        """The window's averages over its `steps` optimizer steps (default: those since the last
+        flush); the window starts again empty."""
+        steps = steps or max(1, global_step - self.last_logged_step)
         out = {
             key: sum(values) / (steps if key in self.PER_STEP_SUMS else len(values))
             for key, values in self.values.items()

@@ -347,9 +347,8 @@ class GRPOTrainer(TRLAttributes, TrainerLoaders, Trainer):
     def step_log(self) -> dict[str, float]:
         """This optimizer step's metrics, reduced over processes (a collective): metrics.jsonl's
         line for the step (callbacks.py), whatever `logging_steps` is."""
-        window = self._step_metrics.flush(self.state.global_step)
-        record = distributed.reduce_metrics(self.accelerator, window)
-        return record | {"learning_rate": self._get_learning_rate(), "epoch": self.state.epoch}
+        window = self._step_metrics.flush(self.state.global_step, steps=1)
+        return distributed.reduce_metrics(self.accelerator, window) | {"epoch": self.state.epoch}
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
         """Greedy accuracy, pass@k and TRL's eval metrics on the held-out set(s), logged once."""
@@ -414,7 +413,9 @@ class GRPOTrainer(TRLAttributes, TrainerLoaders, Trainer):
     def _get_grad_norm(self, model, grad_norm=None):
         grad_norm = super()._get_grad_norm(model, grad_norm)
         guards.check_grad_norm(grad_norm, self.state.global_step)
-        self._step_metrics.add("grad_norm", float(grad_norm))
+        if grad_norm is not None:
+            self._step_metrics.add("grad_norm", float(grad_norm))
+        self._step_metrics.add("learning_rate", self._get_learning_rate())  # this step's (as TRL)
         return grad_norm
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
