@@ -54,8 +54,9 @@ def check_liger(args: Any, model: Any, peft_config: Any) -> None:
             )
     if importlib.util.find_spec("liger_kernel") is None:
         raise ImportError(
-            "use_liger_kernel=True needs liger-kernel (pip install liger-kernel); this trainer "
-            "does not use it in any case (see below), so set use_liger_kernel=False."
+            "use_liger_kernel=True needs liger-kernel (pip install liger-kernel), and this "
+            "trainer would then refuse it (its chunked LM head bounds the logits' memory as "
+            "Liger's fused loss does): set use_liger_kernel=False."
         )
     raise ValueError(
         "use_liger_kernel=True is not supported: log-probs come from our chunked LM head "

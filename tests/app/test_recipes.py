@@ -226,3 +226,15 @@ def test_a_reward_file_next_to_the_recipe(tmp_path, monkeypatch, spec):
     path.write_text("dataset: {name: arithmetic}\nreward_funcs: ['fr_nope:lenrew']\n")
     with pytest.raises(RecipeError, match=r"cannot import 'fr_nope'; tried .*PYTHONPATH"):
         check_recipe(load_recipe(path))
+
+
+@pytest.mark.parametrize(
+    ("lora", "message"),
+    [("{r: 4, target_modules: [q_proj, lm_head]}", "adapter on lm_head"),
+     ("{r: 4}", "needs liger-kernel")],
+)  # fmt: skip
+def test_use_liger_kernel_is_refused_in_one_line_before_anything_loads(tmp_path, lora, message):
+    path = _write(tmp_path, f"dataset: {{name: arithmetic}}\nlora: {lora}\n"
+                            "use_liger_kernel: true\noutput_dir: out\n")  # fmt: skip
+    with pytest.raises(RecipeError, match=message):
+        check_recipe(load_recipe(path))
