@@ -17,8 +17,9 @@ on a shared 2-core CPU the full suite would take hours. Every stand-in whose tes
 ids keeps only the first `SHORT_VOCAB` tokens of Qwen2.5's BPE (its first merges; the special
 tokens renumbered right after them): about 9x faster per step. The Qwen3 and Qwen3-MoE stand-ins
 keep the full vocabulary (the tool and environment tests script completions with Qwen's ids), and
-so does the Qwen2.5 one in the `full` build, for the one test that scripts Qwen2.5 ids
-(`run.py --full-vocab-tests`).
+so does the Qwen2.5 one in the `full` build, for the two `mask_truncated_completions` tests: one
+scripts Qwen2.5 ids, the other counts on EOS being as rare as one token in 151k (with 4k tokens a
+random model samples it within 51 steps) (`run.py --full-vocab-tests`).
 
 The `zen` data set is rebuilt from TRL's (deleted) `scripts/generate_zen_dataset.py`: the Zen of
 Python, split 17 train / 2 test without shuffling, in the two configs the GRPO tests use.
