@@ -178,6 +178,7 @@ def tiny_config(tmp_path, **overrides):
         save_strategy="no",
         disable_tqdm=True,
         seed=0,
+        logging_steps=1,  # tests read each step's log (the default is TRL's 10)
     )
     return GRPOConfig(**{**base, **overrides})
 

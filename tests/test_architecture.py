@@ -109,12 +109,17 @@ TRAINING_ROOMS: list[tuple[str, set[str], str]] = [
     ("metrics", set(), "the metrics window, zero-std watch, TRL-named reward metrics"),
     ("policy", {"model_checks"}, "loading the policy, reference, LoRA / QLoRA"),
     ("cpu_memory", set(), "malloc keeps freed memory for the next step on a CPU"),
+    ("liger", set(), "use_liger_kernel, decided per case with TRL's reasons"),
     (
         "rewards",
         {"config", "distributed", "user_code"},
         "reward functions and models, the scorer and its watchdog",
     ),
-    ("trl_attributes", {"rewards"}, "TRL's public trainer attributes, read-only views"),
+    (
+        "trl_attributes",
+        {"distributed", "rewards"},
+        "TRL's public trainer attributes (views of the config) and helpers",
+    ),
     (
         "run",
         {"cpu_memory", "distributed", "metrics", "rewards"},
@@ -139,6 +144,7 @@ TRAINING_ROOMS: list[tuple[str, set[str], str]] = [
         "the trainer's inputs, checked once",
     ),
     ("autopilot", {"inputs", "run", "sampling"}, "the memory autopilot"),
+    ("loaders", {"sampling"}, "the train sampler and data loaders, as TRL's"),
     (
         "publish",
         {"evaluation", "inputs", "policy", "run"},

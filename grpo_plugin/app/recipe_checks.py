@@ -246,4 +246,19 @@ def check_recipe(recipe: Recipe) -> list[Callable]:
     check_eval_spec(recipe)
     check_evaluation(recipe, rewards)
     recipe_tools(recipe)
+    _check_liger(recipe)
     return rewards
+
+
+def _check_liger(recipe: Recipe) -> None:
+    """`use_liger_kernel`, as the trainer decides it (its ImportError too), in one line now."""
+    if not recipe.config.use_liger_kernel:
+        return
+    from ..training.liger import check_liger
+    from ..training.policy import lora_config
+
+    try:
+        lora = lora_config(recipe.args.lora) if recipe.args.lora is not None else None
+        check_liger(recipe.config, None, lora)
+    except (ImportError, TypeError, ValueError) as err:
+        raise RecipeError(one_line(err)) from err

@@ -72,6 +72,25 @@ class PromptBatchSampler(Sampler[int]):
         return (self.num_rows // size) * size * self.repeats
 
 
+class RepeatEach(Sampler[int]):
+    """Each index of `sampler` `times` in a row: TRL's `RepeatSampler` repeats each prompt once
+    per completion, so a batch of P prompts is P*G rows, as TRL's trainer hands them to
+    `training_step` (the trainer keeps every G-th row)."""
+
+    def __init__(self, sampler: PromptBatchSampler, times: int):
+        self.sampler, self.times = sampler, times
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        for index in self.sampler:
+            yield from [index] * self.times
+
+    def __len__(self) -> int:
+        return len(self.sampler) * self.times
+
+
 def identity_collate(rows: list[dict]) -> list[dict]:
     """Keep dataset rows as a list of dicts: prompts and columns go to rollout and rewards as is."""
     return rows

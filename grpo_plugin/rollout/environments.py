@@ -79,8 +79,9 @@ class Environments:
         unknown = sorted({str(n) for n in names if n not in self.factories})
         if unknown:
             raise ValueError(
-                f"rows name environment(s) {unknown}, not among environment_factory's "
-                f"{sorted(map(str, self.factories))}; fix the dataset's `environment` column"
+                f"rows name environment(s) {unknown}, not among the environments of "
+                f"environment_factory {sorted(map(str, self.factories))}; fix the dataset's "
+                "`environment` column"
             )
         return names
 

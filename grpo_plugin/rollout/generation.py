@@ -44,6 +44,7 @@ from .._compat import (
 from .._logging import warn_once
 from ..core.tensors import left_pad, position_ids_from_mask
 from .noise import GeneratorNoise
+from .replaced_generate import generate_groups_with, replaced_generate
 from .sampler import DecodeTrace
 from .static_decode import prefill_then_decode_static
 from .types import Decoded, DecodeSpec, GenerationRequest, RolloutBatch
@@ -126,6 +127,9 @@ def generate_groups(
     """
     _check_prompts(prompt_ids)
     keep_bnb_4bit_weights_trainable(model)
+    replaced = replaced_generate(model)
+    if replaced is not None:  # user code replaced model.generate: honour it (replaced_generate.py)
+        return generate_groups_with(replaced, prompt_ids, request)
     batch = _generate(model, prompt_ids, request, decode_spec(request))
     for name in batch.row_fields():
         setattr(batch, name, getattr(batch, name).clone())  # inference tensors -> normal tensors

@@ -36,6 +36,7 @@ from .chat_tools import ToolFormat, assistant_message
 from .environments import EMPTY_PROMPT, Environments, with_observation
 from .generation import continue_decoding, decode_spec, prefill_and_decode
 from .noise import ShiftedNoise
+from .replaced_generate import replaced_generate, tool_loop_with
 from .tools import Tool, run_calls, toolbox
 from .types import Decoded, DecodeSpec, GenerationRequest, RolloutBatch, ToolCall, Trajectory
 
@@ -118,16 +119,24 @@ class _Loop:
         for a, r in enumerate(rows):
             n, left = int(out.live[a].sum()), self.max_len - len(self.traj[r].ids)
             tokens = out.tokens[a, : min(n, left)].tolist()
-            content, calls = self.parse(r, tokens)
-            self.traj[r].add(tokens, sampled=True)
-            if out.logprobs is not None:
-                self.logps[r] += out.logprobs[a, : len(tokens)].tolist()
-            self.traj[r].messages.append(assistant_message(content, calls))
-            if not (bool(out.finished[a]) and n <= left):  # no end of turn within the budget
-                self.traj[r].truncated = True
-            elif calls:
+            logps = None if out.logprobs is None else out.logprobs[a, : len(tokens)].tolist()
+            calls = self.record_turn(r, tokens, bool(out.finished[a]) and n <= left, logps)
+            if calls:
                 going.append((a, r, tokens[min(n, fed) :], calls))
         return going
+
+    def record_turn(self, r: int, tokens: list[int], ended: bool, logps=None) -> list[ToolCall]:
+        """Add row `r`'s turn `tokens` (`ended`: its turn ended within the budget); the tool
+        calls it goes on with ([] when it stops: no calls, or cut off)."""
+        content, calls = self.parse(r, tokens)
+        self.traj[r].add(tokens, sampled=True)
+        if logps is not None:
+            self.logps[r] += logps
+        self.traj[r].messages.append(assistant_message(content, calls))
+        if not ended:  # no end of turn within the budget
+            self.traj[r].truncated = True
+            return []
+        return calls
 
     def parse(self, r: int, tokens: list[int]) -> tuple[str, list[ToolCall]]:
         """Row `r`'s turn `tokens` read with the template's parser (before they join its history)."""
@@ -202,6 +211,11 @@ def run_tool_loop(
     reset, is prefilled row by row). `request.pad_token_id` must be set; `on_step` is not used."""
     group = request.num_generations
     spec = replace(decode_spec(request), drop_finished=False, on_step=None)
+    generate = replaced_generate(model)
+    if generate is not None:  # user code replaced model.generate: honour it (replaced_generate.py)
+        plain = replace(spec, record_logprobs=False)
+        loop = _Loop(model, tokenizer, setup, plain, prompt_ids, boxes)
+        return _tool_loop_through(generate, loop, request, setup.max_iterations)
     shared = _groups_share(prompt_ids, group)
     unique = prompt_ids[::group] if shared else prompt_ids
     loop = _Loop(model, tokenizer, setup, spec, prompt_ids, boxes)
@@ -228,6 +242,20 @@ def run_tool_loop(
         num_prefill_tokens=loop.prefilled,
         num_reused_tokens=loop.reused,
         logprobs=loop.logps if spec.record_logprobs else None,
+    )
+
+
+def _tool_loop_through(generate, loop: _Loop, request: GenerationRequest, limit: int | None):
+    tool_loop_with(generate, loop, request, limit)
+    ids, mask = left_pad(loop.prompts, request.pad_id)  # (N, Lp)
+    prefilled = int(mask.sum()) + sum(len(t.ids) for t in loop.traj)  # re-encoded each turn
+    return ToolLoopResult(
+        prompt_ids=ids,
+        prompt_mask=mask,
+        trajectories=loop.traj,
+        num_prefill_tokens=prefilled,
+        num_reused_tokens=0,
+        logprobs=None,
     )
 
 

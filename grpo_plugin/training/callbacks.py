@@ -26,16 +26,31 @@ def replace_default_callbacks(trainer: Any) -> None:
     """The Trainer's printer and tqdm bar out; metrics.jsonl and the run's progress in."""
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
-    trainer.add_callback(MetricsJsonlCallback())
-    if not trainer.args.disable_tqdm:
-        trainer.add_callback(RunProgressCallback())
+    bar = None if trainer.args.disable_tqdm else RunProgressCallback()
+    trainer.add_callback(MetricsJsonlCallback(trainer.step_log, bar))
+    if bar is not None:
+        trainer.add_callback(bar)
 
 
 class MetricsJsonlCallback(TrainerCallback):
-    """Append every log (train and eval) as one JSON line to `metrics.jsonl` (rundir)."""
+    """`metrics.jsonl` (rundir), one JSON line per optimizer step (`step_log()`: that step's
+    metrics, whatever `logging_steps` is; shown on the progress bar too), plus the evaluation logs
+    and the end-of-training summary as the Trainer logs them. The Trainer's periodic train logs
+    (`logging_steps`: averages of steps already written) are not repeated."""
+
+    def __init__(self, step_log: Callable[[], dict[str, float]], bar=None) -> None:
+        self.step_log, self.bar = step_log, bar
+
+    def on_step_end(self, args, state, control, **kwargs):
+        record = self.step_log()  # on every process: it reduces across them
+        if state.is_world_process_zero:
+            append_metrics(args.output_dir, state.global_step, record)
+            if self.bar is not None:
+                self.bar.show(record, state)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if state.is_world_process_zero and logs:
+        periodic = logs and "loss" in logs and "train_runtime" not in logs
+        if state.is_world_process_zero and logs and not periodic:
             append_metrics(args.output_dir, state.global_step, logs)
 
 
@@ -76,6 +91,11 @@ class RunProgressCallback(TrainerCallback):
         self.task.update(completed=state.global_step, status=self._status(state))
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        self.show(logs, state)  # an evaluation's (eval_accuracy), the Trainer's periodic log
+
+    def show(self, logs: dict[str, float] | None, state) -> None:
+        """Metrics on the line: a step's (reward, KL; `MetricsJsonlCallback`, every step) or an
+        evaluation's."""
         if self.task is None or not logs:
             return
         for key, fmt in self.LOGGED:

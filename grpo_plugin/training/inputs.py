@@ -340,13 +340,13 @@ def check_train_size(dataset: Any, args: Any) -> None:
 def check_inputs(model: Any, args: Any, train_dataset: Any, eval_dataset: Any) -> tuple[Any, Any]:
     """`GRPOTrainer`'s cheap checks, before anything loads: the datasets (every prompt usable;
     a train set without a `prompt` column is left to `ToolInputs.check_dataset`, which knows
-    whether environments supply the prompts; a stream needs `max_steps`), the model source, output_dir. Returns the
-    datasets as the trainer keeps them (lists become `Dataset`s)."""
+    whether environments supply the prompts; a stream needs `max_steps`), the model source,
+    output_dir. Returns the datasets as the trainer keeps them (lists become `Dataset`s)."""
     train_dataset = check_prompt_dataset(train_dataset, "train_dataset", prompt_required=False)
-    check_streamed_training(train_dataset, args)
-    check_train_size(train_dataset, args)
     eval_dataset = check_eval_datasets(eval_dataset)
     apply_stream_settings(args, train_dataset, eval_dataset)  # dispatch_batches, workers (TRL)
+    check_streamed_training(train_dataset, args)
+    check_train_size(train_dataset, args)
     check_model_source(model)
     check_output_dir(args.output_dir)
     check_launch(args)  # ZeRO-3 is refused before the model loads

@@ -95,13 +95,16 @@ class MetricsWindow:
     """Metrics collected between two logs; `flush` averages them into one log line.
 
     Most keys are averaged over the values recorded; the timing keys in `PER_STEP_SUMS` are
-    summed per optimizer step and then averaged over the steps of the window; the counters in
-    `LATEST` (TRL's cumulative `num_tokens`) keep their last value.
+    summed per optimizer step and then averaged over the steps of the window (`loss`: the
+    micro-batches' losses, each already divided by the accumulation steps); the counters in
+    `LATEST` (TRL's cumulative `num_tokens`) keep their last value. A `mirror` window receives
+    every value too (the trainer's per-step window for metrics.jsonl beside the logging window).
     """
 
     LATEST = ("num_tokens",)
 
     PER_STEP_SUMS = (
+        "loss",
         "step_time",
         "timing/generate_s",
         "timing/reward_s",
@@ -109,12 +112,15 @@ class MetricsWindow:
         "timing/train_s",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, mirror: MetricsWindow | None = None) -> None:
         self.values: dict[str, list[float]] = defaultdict(list)
         self.last_logged_step = 0
+        self.mirror = mirror
 
     def add(self, key: str, value: float) -> None:
         self.values[key].append(float(value))
+        if self.mirror is not None:
+            self.mirror.add(key, value)
 
     def update(self, metrics: dict[str, float]) -> None:
         for key, value in metrics.items():
@@ -131,9 +137,10 @@ class MetricsWindow:
     def total(self, *keys: str) -> float:
         return sum(sum(self.values.get(key, ())) for key in keys)
 
-    def flush(self, global_step: int) -> dict[str, float]:
-        """The window's averages; the window starts again empty."""
-        steps = max(1, global_step - self.last_logged_step)
+    def flush(self, global_step: int, steps: int | None = None) -> dict[str, float]:
+        """The window's averages over its `steps` optimizer steps (default: those since the last
+        flush); the window starts again empty."""
+        steps = steps or max(1, global_step - self.last_logged_step)
         out = {
             key: sum(values) / (steps if key in self.PER_STEP_SUMS else len(values))
             for key, values in self.values.items()

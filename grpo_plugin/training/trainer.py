@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, Trainer
 
-from ..core.batching import PromptBatchSampler, identity_collate, shared_group_size
+from ..core.batching import identity_collate, shared_group_size
 from ..core.logprobs import CompletionLogprobs, completion_logprobs
 from ..core.prompt_grad import SharedPromptGrad
 from ..rollout.dynamic_sampling import refill
@@ -43,6 +43,8 @@ from .config.grpo_config import GRPOConfig
 from .evaluation.setup import check_eval_setup, eval_set_names, prefixed, resolve_eval_metrics
 from .evaluation.watch import RewardHackingCallback
 from .inputs import check_inputs, check_prompt_lengths_of
+from .liger import check_liger
+from .loaders import TrainerLoaders
 from .metrics import MetricsWindow, ZeroStdWatch, reward_metrics, rollout_tokens
 from .objective import TrainingObjective, shuffle_for_reuse, training_batch
 from .policy import (
@@ -58,13 +60,12 @@ from .rewards.sources import RewardSources
 from .run import checkpoints, completions_log, guards, lifecycle, resume, rundir
 from .run import lock as run_lock
 from .run.state import RunState, mid_rollout
-from .sampling import streaming
 from .sampling.rollouts import RolloutSampler
 from .sampling.tools import ToolInputs, fork_user_code_worker
 from .trl_attributes import TRLAttributes
 
 
-class GRPOTrainer(TRLAttributes, Trainer):
+class GRPOTrainer(TRLAttributes, TrainerLoaders, Trainer):
     """TRL-compatible GRPO trainer (see `GRPOConfig` for every option). `dataset_names` (Hub ids
     of the training data) may be set after construction: `grpo_run.json` and the model card name
     them. `eval_dataset` may be a dict of named sets; `eval_metrics` (a callable or
@@ -93,6 +94,7 @@ class GRPOTrainer(TRLAttributes, Trainer):
         if not isinstance(args, GRPOConfig):
             raise TypeError(f"args must be a grpo_plugin.GRPOConfig, got {type(args).__name__}.")
         # Cheap checks first: nothing is loaded before the inputs are known to be usable.
+        check_liger(args, model, peft_config)  # TRL's reasons, case by case
         tool_inputs = ToolInputs.check(tools, rollout_func, environment_factory, args)
         autopilot.check_inputs(args, tool_inputs)  # what auto_find_batch_size cannot plan for
         train_dataset = tool_inputs.owned_data(train_dataset, args)  # None: the environment's
@@ -121,7 +123,7 @@ class GRPOTrainer(TRLAttributes, Trainer):
         check_prompt_lengths_of(train_dataset, processing_class, model.config, args)
         self.ref_model = build_reference(model, args.beta)
         self.tool_setup = tool_inputs.setup(processing_class, args)  # the template is checked
-        self.tools, self.rollout_func = [t.fn for t in tool_inputs.tools], rollout_func
+        self.tools, self.rollout_func = tool_inputs.public_tools(), rollout_func
         self._sampler = RolloutSampler(self, self.tool_setup, rollout_func, args, model)
         super().__init__(
             model=model,
@@ -133,6 +135,7 @@ class GRPOTrainer(TRLAttributes, Trainer):
             callbacks=callbacks,
             optimizers=optimizers,
         )
+        self._step_metrics = MetricsWindow()  # this optimizer step's, for metrics.jsonl
         replace_default_callbacks(self)
         self.eval_watch = RewardHackingCallback(prefixed("accuracy", (eval_sets or [""])[0]))
         self.add_callback(self.eval_watch)
@@ -145,7 +148,8 @@ class GRPOTrainer(TRLAttributes, Trainer):
         # what a resume restores besides weights, optimizer, scheduler and RNG (run/state.py)
         synced = self.ref_model if args.sync_ref_model else None
         watches = ZeroStdWatch(args.zero_std_patience), self.eval_watch
-        self.run_state = RunState(MetricsWindow(), *watches, synced_reference=synced)
+        window = MetricsWindow(mirror=self._step_metrics)  # logging_steps' window; step's mirror
+        self.run_state = RunState(window, *watches, synced_reference=synced)
         self._metrics = self.run_state.metrics  # the window the rollout's metrics go to
         self._seen_step, self._micro, self._rollout_key = -1, 0, RolloutKey(args.seed, 0)
         self.resume_plan = resume.ResumePlan()  # what train()'s resume checks found (resume.py)
@@ -165,33 +169,10 @@ class GRPOTrainer(TRLAttributes, Trainer):
             )
         warn_on_loss_combinations(args)
 
-    # --- data ----------------------------------------------------------------------------------
-    def _get_train_sampler(self, train_dataset=None) -> PromptBatchSampler:
-        dataset = train_dataset if train_dataset is not None else self.train_dataset
-        a = self.args
-        repeats = a.steps_per_generation * a.num_iterations
-        # one shard of every rollout's prompts per process (a.world_size of them)
-        P, shuffle = a.prompts_per_generation, a.shuffle_dataset
-        return PromptBatchSampler(len(dataset), P, repeats, shuffle, a.seed, a.world_size)
-
-    def get_train_dataloader(self):
-        if self.train_dataset is None:
-            raise ValueError("GRPOTrainer.train() needs a train_dataset with a 'prompt' column.")
-        if streaming.is_streamed(self.train_dataset):
-            a = self.args
-            return streaming.stream_dataloader(self.train_dataset, a, a.process_index, a.world_size)
-        return self._get_dataloader(
-            dataset=self.train_dataset,
-            description="Training",
-            batch_size=self.args.prompts_per_generation,
-            sampler_fn=self._get_train_sampler,
-            is_training=True,
-        )
-
     def _prepare_inputs(self, rows: list[dict]) -> TrainingBatch:
         """The micro-batch for this accumulation step; a new rollout every
         `steps_per_generation * num_iterations` micro-steps."""
-        a = self.args
+        a, rows = self.args, self.rollout_rows(rows)  # one row per prompt (loaders.py)
         if self.state.global_step != self._seen_step:
             self._seen_step, self._micro = self.state.global_step, 0
         micro = self.state.global_step * a.gradient_accumulation_steps + self._micro
@@ -332,6 +313,7 @@ class GRPOTrainer(TRLAttributes, Trainer):
             self._held_prompt.discard()  # the step failed: nothing of it may reach a later one
             raise
         self._held_prompt.after_backward(step_ends=self.accelerator.sync_gradients)
+        self._step_metrics.add("loss", loss.item())  # / GA already: the step's loss is the sum
         spent = self._metrics.total(*rollout_keys) - spent_before
         self._metrics.add("timing/train_s", time.perf_counter() - start - spent)
         self._metrics.add("step_time", time.perf_counter() - start)  # TRL's, rollout included
@@ -361,6 +343,12 @@ class GRPOTrainer(TRLAttributes, Trainer):
             window = self._metrics.flush(self.state.global_step)
             logs.update(distributed.reduce_metrics(self.accelerator, window))
         super().log(logs, start_time)
+
+    def step_log(self) -> dict[str, float]:
+        """This optimizer step's metrics, reduced over processes (a collective): metrics.jsonl's
+        line for the step (callbacks.py), whatever `logging_steps` is."""
+        window = self._step_metrics.flush(self.state.global_step, steps=1)
+        return distributed.reduce_metrics(self.accelerator, window) | {"epoch": self.state.epoch}
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
         """Greedy accuracy, pass@k and TRL's eval metrics on the held-out set(s), logged once."""
@@ -423,6 +411,9 @@ class GRPOTrainer(TRLAttributes, Trainer):
     def _get_grad_norm(self, model, grad_norm=None):
         grad_norm = super()._get_grad_norm(model, grad_norm)
         guards.check_grad_norm(grad_norm, self.state.global_step)
+        if grad_norm is not None:
+            self._step_metrics.add("grad_norm", float(grad_norm))
+        self._step_metrics.add("learning_rate", self._get_learning_rate())  # this step's (as TRL)
         return grad_norm
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:

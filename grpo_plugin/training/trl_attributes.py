@@ -1,9 +1,14 @@
 """The public attributes TRL 1.16's `GRPOTrainer.__init__` sets, with TRL's types and values, for
 user code and callbacks that read them (`trainer.beta`, `trainer.reward_weights`, ...).
 
-Each is a read-only view of what the trainer already holds: the config (`self.args`, the trainer's
-own copy), the reward sources (`self.rewards`) and the loss (`self._objective`), so there is one
-value and no copy to drift. Reading `entropy_coef` during training gives the adaptive
+Each is a view of what the trainer already holds: the config (`self.args`, the trainer's own
+copy), the reward sources (`self.rewards`) and the loss (`self._objective`), so there is one value
+and no copy to drift. The config copies can be set too, as TRL's plain attributes can: the value
+goes to the trainer's `args` and is read from there by the next rollout (`trainer.temperature =
+0.7`); set them before `train()` for the ones fixed at construction (`beta`, `num_generations`).
+
+TRL's public helpers `get_high_entropy_mask` and `get_off_policy_mask` are here too, with TRL's
+signatures, over the same equations the loss uses (`core/masks.py`). Reading `entropy_coef` during training gives the adaptive
 coefficient's current value, as TRL's attribute does. Attributes TRL has only for vLLM or
 continuous batching are given their config values; the reasons for the few that differ are in
 docs/differences-from-trl.md.
@@ -16,6 +21,8 @@ from typing import Any
 
 import torch
 
+from ..core.masks import high_entropy_mask, off_policy_mask
+from . import distributed
 from .rewards.reward_models import is_reward_model
 
 # TRL attribute -> the config field it copies, unchanged.
@@ -56,7 +63,11 @@ CONFIG_COPIES = (
 
 
 def _config_copy(name: str) -> property:
-    return property(lambda self: getattr(self.args, name), doc=f"`args.{name}` (as TRL's).")
+    return property(
+        lambda self: getattr(self.args, name),
+        lambda self, value: setattr(self.args, name, value),
+        doc=f"`args.{name}` (as TRL's attribute; setting it sets the trainer's args).",
+    )
 
 
 class TRLAttributes:
@@ -64,6 +75,7 @@ class TRLAttributes:
 
     args: Any
     rewards: Any
+    tool_setup: Any
     _objective: Any
 
     # --- rewards: TRL's lists and its float32 weight tensor, environments' rewards last -------
@@ -131,6 +143,41 @@ class TRLAttributes:
         """True when the MoE router's load-balancing loss is added (as TRL's)."""
         text_config = self.model.config.get_text_config()
         return hasattr(text_config, "output_router_logits") and self.router_aux_loss_coef != 0.0
+
+    @property
+    def environments(self) -> list | None:
+        """TRL's: the live `environment_factory` instances (row i of a rollout is served by the
+        i-th of its factory's); None without environments."""
+        setup = self.tool_setup
+        if setup is None or setup.environments is None:
+            return None
+        return [instance for pool in setup.environments.pool.values() for instance in pool]
+
+    # --- TRL's public helpers ------------------------------------------------------------------
+    def get_high_entropy_mask(
+        self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float
+    ) -> torch.Tensor:
+        """TRL's: `(B, T)` bool, the valid tokens whose entropy is at least the `threshold`
+        quantile of every process's valid entropies (TRL passes `1 - top_entropy_quantile`)."""
+        local = entropies[mask.bool()].float().cpu()  # (M,)
+        pool = torch.cat(distributed.gather_objects(self.accelerator, local))  # (M_all,)
+        top = 1.0 - threshold
+        return high_entropy_mask(entropies, mask, top, pool=pool.to(entropies.device))
+
+    @staticmethod
+    def get_off_policy_mask(
+        advantages: torch.Tensor,
+        per_token_logps: torch.Tensor,
+        sampling_per_token_logps: torch.Tensor,
+        mask: torch.Tensor,
+        off_policy_threshold: float,
+    ) -> torch.Tensor:
+        """TRL's: `(B, 1)`, 0 for a sequence with a negative advantage whose mean
+        `log pi_old - log pi` over its valid tokens exceeds `off_policy_threshold`, else 1."""
+        keep = off_policy_mask(
+            advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold
+        )
+        return keep.to(mask.dtype)
 
 
 for _name in CONFIG_COPIES:

@@ -267,3 +267,15 @@ def test_list_flags_take_a_yaml_list_as_the_yaml_does():
     assert recipe.args.tools == ["python"]
     with pytest.raises(RecipeError, match=r"reward_funcs: cannot parse '\[a, \{' as a list"):
         load_recipe(None, ["--dataset.name", "arithmetic", "--reward_funcs", "[a, {"])
+
+
+@pytest.mark.parametrize(
+    ("lora", "message"),
+    [("{r: 4, target_modules: [q_proj, lm_head]}", "adapter on lm_head"),
+     ("{r: 4}", "needs liger-kernel")],
+)  # fmt: skip
+def test_use_liger_kernel_is_refused_in_one_line_before_anything_loads(tmp_path, lora, message):
+    path = _write(tmp_path, f"dataset: {{name: arithmetic}}\nlora: {lora}\n"
+                            "use_liger_kernel: true\noutput_dir: out\n")  # fmt: skip
+    with pytest.raises(RecipeError, match=message):
+        check_recipe(load_recipe(path))

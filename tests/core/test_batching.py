@@ -2,7 +2,12 @@
 
 import torch
 
-from grpo_plugin.core.batching import PromptBatchSampler, group_permutation, shared_group_size
+from grpo_plugin.core.batching import (
+    PromptBatchSampler,
+    RepeatEach,
+    group_permutation,
+    shared_group_size,
+)
 
 
 def test_sampler_repeats_whole_blocks_and_is_reproducible():
@@ -26,3 +31,14 @@ def test_group_shuffle_keeps_groups_contiguous():
         and shared_group_size(8, 4) == 4
         and shared_group_size(6, 4) == 2
     )
+
+
+def test_repeat_each_gives_each_index_g_times_in_a_row_as_trls_repeat_sampler():
+    plain = list(PromptBatchSampler(10, 3, 2, seed=7))
+    repeated = RepeatEach(PromptBatchSampler(10, 3, 2, seed=7), 4)
+    assert list(repeated) == [i for i in plain for _ in range(4)]
+    assert len(repeated) == 4 * len(plain)
+    repeated.set_epoch(1)  # reaches the shuffle
+    sampler = PromptBatchSampler(10, 3, 2, seed=7)
+    sampler.set_epoch(1)
+    assert list(repeated)[::4] == list(sampler) != plain

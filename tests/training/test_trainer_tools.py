@@ -241,7 +241,7 @@ def test_without_a_dataset_the_environment_owns_the_data(tiny_tokenizer, tmp_pat
     assert placeholder["prompt"] == [[{"role": "user", "content": ""}]] * 2  # one rollout's rows
     with pytest.raises(ValueError, match="environment owns the data.*set max_steps"):
         check(OwnsTheData, max_steps=-1, num_train_epochs=1)
-    with pytest.raises(ValueError, match="dict environment_factory .* needs a train_dataset"):
+    with pytest.raises(ValueError, match="dict environment_factory requires a `train_dataset`"):
         check({"own": OwnsTheData}, max_steps=3)
     with pytest.raises(
         ValueError, match="`train_dataset` is required unless an `environment_factory`"

@@ -21,7 +21,7 @@ NOT_MATCHED = {
     "commit_scheduler",  # TRL's Hub sync of the completions table
     "continuous_batching_config", "vllm_generation",  # backends ours does not have
     "chat_template",  # item 1 of issue 26: the template used with tools
-    "environment_factories", "environments",  # held by ours' tool setup (trainer.tool_setup)
+    "environment_factories",  # held by ours' tool setup (trainer.tool_setup)
     "eos_token_ids", "generation_config", "generation_kwargs",  # ours' sampler settings
 }  # fmt: skip
 
@@ -85,8 +85,53 @@ def test_entropy_coef_is_the_adaptive_value(tiny_tokenizer, tmp_path):
 
     trainer = make_trainer(tiny_tokenizer, tmp_path, char_codes, max_steps=2,
                            use_adaptive_entropy=True, entropy_coef=0.01, entropy_target=100.0,
-                           entropy_coef_delta=0.1)  # fmt: skip
+                           entropy_coef_delta=0.1, logging_steps=1)  # fmt: skip
     assert trainer.entropy_coef == 0.01
     trainer.train()
     assert trainer.entropy_coef == pytest.approx(0.21)  # raised each step: entropy below target
     assert trainer.state.log_history[-2]["entropy_coef"] == trainer.entropy_coef
+
+
+# --- issue 48 item 2: TRL's public helpers, called as TRL's tests call them ----------------------
+@pytest.mark.parametrize("threshold", [0.0, 0.3, 0.5, 0.8, 1.0])
+def test_get_high_entropy_mask_is_trls(threshold):
+    from types import SimpleNamespace
+
+    gen = torch.Generator().manual_seed(int(threshold * 10))
+    entropies = torch.rand(4, 7, generator=gen)
+    mask = (torch.rand(4, 7, generator=gen) > 0.3).long()
+    accel = SimpleNamespace(num_processes=1, gather=lambda x: x,
+                            pad_across_processes=lambda x, dim, pad_index: x)  # fmt: skip
+    fake = SimpleNamespace(accelerator=accel)  # TRL's tests call it on a mock trainer
+    theirs = trl.GRPOTrainer.get_high_entropy_mask(fake, entropies, mask, threshold)
+    ours = grpo_plugin.GRPOTrainer.get_high_entropy_mask(fake, entropies, mask, threshold)
+    assert ours.dtype == torch.bool and torch.equal(ours, theirs)
+    empty = torch.zeros_like(mask)
+    assert not grpo_plugin.GRPOTrainer.get_high_entropy_mask(
+        fake, entropies, empty, threshold
+    ).any()
+
+
+def test_get_off_policy_mask_is_trls_static_method():
+    gen = torch.Generator().manual_seed(0)
+    logps, sampling = -torch.rand(5, 6, generator=gen) * 3, -torch.rand(5, 6, generator=gen) * 3
+    mask = torch.tensor([[1.0] * 6, [1.0] * 3 + [0.0] * 3, [1.0] * 6, [0.0] * 6, [1.0] * 6])
+    advantages = torch.tensor([[1.0], [-1.0], [-0.5], [-1.0], [0.0]])
+    for threshold in (0.0, 0.5, 1.5):
+        theirs = trl.GRPOTrainer.get_off_policy_mask(advantages, logps, sampling, mask, threshold)
+        ours = grpo_plugin.GRPOTrainer.get_off_policy_mask(advantages, logps, sampling, mask,
+                                                           threshold)  # fmt: skip
+        assert ours.shape == (5, 1) and ours.dtype == mask.dtype
+        assert torch.equal(ours, theirs)
+
+
+def test_trl_config_attributes_can_be_set_as_in_trl(trainers):
+    _, ours = trainers
+    before = ours.temperature
+    try:
+        ours.temperature = 0.5  # TRL's are plain attributes; ours go to the trainer's own args
+        ours.use_vllm = False
+        assert ours.temperature == 0.5 and ours.args.temperature == 0.5
+        assert ours.args.sampling_params().temperature == 0.5  # the next rollout samples with it
+    finally:
+        ours.temperature = before

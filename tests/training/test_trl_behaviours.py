@@ -286,3 +286,204 @@ def test_one_reward_processing_class_for_one_reward_model(tiny_tokenizer, tmp_pa
                           reward_processing_classes=tiny_tokenizer)  # fmt: skip
     assert len(trainer.reward_processing_classes) == 1
     assert trainer.reward_processing_classes[0] == tiny_tokenizer
+
+
+# --- issue 48: TRL's test file as written (items 3-6) ----------------------------------------------
+def _scripted_generate(tok, turns: list[list[str]], calls: list[int], first_rows: int = 0):
+    """A stand-in for `model.generate` as TRL's tests patch it: the prompt ids followed by the
+    scripted completion of each row: a call on `first_rows` rows (or any, when 0) is a first
+    turn (`turns[0]`), other calls answer tool results (`turns[1]`); row i gets its `i % len`."""
+
+    def fake_generate(input_ids, **kwargs):
+        first = not first_rows or input_ids.shape[0] == first_rows
+        texts = turns[0 if first else 1]
+        calls.append(input_ids.shape[0])
+        rows = [tok.encode(texts[i % len(texts)], add_special_tokens=False)
+                for i in range(input_ids.shape[0])]  # fmt: skip
+        width = max(map(len, rows))
+        rows = [r + [tok.pad_token_id] * (width - len(r)) for r in rows]
+        return torch.cat([input_ids, torch.tensor(rows, device=input_ids.device)], dim=1)
+
+    return fake_generate
+
+
+def test_a_replaced_generate_is_sampled_from(tiny_tokenizer, tmp_path):
+    """test_train_with_mask_truncated_completions patches `generate`; ours honours it (before,
+    its own decode loop ignored the patch and trained on other completions)."""
+    from unittest.mock import patch
+
+    tok, calls = tiny_tokenizer, []
+    texts = [["12345678", "9a</s>", "bcdefgh</s>"]]  # truncated, ended, ended at the 8th token
+    args = tiny_config(tmp_path, mask_truncated_completions=True, per_device_train_batch_size=6,
+                       num_generations=3, learning_rate=0.1, max_steps=1)  # fmt: skip
+    trainer = GRPOTrainer(make_tiny_model(tok), char_codes, args=args, train_dataset=SEVEN_DATA,
+                          processing_class=tok)  # fmt: skip
+    batches = []
+    original = trainer._training_batch
+    trainer._training_batch = lambda rollout: batches.append(original(rollout)) or batches[-1]
+    with patch.object(trainer.model, "generate", side_effect=_scripted_generate(tok, texts, calls)):
+        trainer.train()
+    assert calls == [6]  # one call: 2 prompts x G=3
+    decoded = tok.batch_decode(batches[0].completion_ids[:3], skip_special_tokens=True)
+    assert decoded == ["12345678", "9a", "bcdefgh"]
+    assert batches[0].loss_mask.sum(dim=1).tolist()[:3] == [0, 3, 8]  # truncated row masked
+
+
+def test_a_replaced_generate_drives_the_tool_loop(tiny_tokenizer, tmp_path):
+    """test_train_with_tools: the scripted calls go through our tool loop (one call succeeds, one
+    fails, one row answers) and TRL's tool metrics are in `log_history[-1]`."""
+    from unittest.mock import patch
+
+    from tests.scripted_policy import call, multiply
+
+    tok, calls = tiny_tokenizer, []
+    first = [call("multiply", '{"a": 3, "b": 4}') + "</s>",
+             call("multiply", '{"a": 3, "c": 4}') + "</s>", "no tool</s>"]  # fmt: skip
+    args = tiny_config(tmp_path, per_device_train_batch_size=3, num_generations=3,
+                       max_completion_length=200, max_steps=2, logging_steps=10)  # fmt: skip
+    data = [{"prompt": [{"role": "user", "content": "Multiply 3 and 4"}]}] * 4
+    trainer = GRPOTrainer(make_tiny_model(tok), reward_len, args=args, train_dataset=data,
+                          processing_class=tok, tools=[multiply])  # fmt: skip
+    fake = _scripted_generate(tok, [first, ["Done</s>"]], calls, first_rows=3)
+    with patch.object(trainer.model, "generate", side_effect=fake):
+        trainer.train()
+    assert calls == [3, 2, 3, 2]  # per step: the 3 rows, then the 2 that called the tool
+    final = trainer.state.log_history[-1]
+    assert final["tools/call_frequency"] == pytest.approx(2 / 3)
+    assert final["tools/failure_frequency"] == pytest.approx(1 / 2)
+
+
+class _Tally:
+    def reset(self, **row):
+        self.count = 0
+
+    def bump(self, step: int) -> int:
+        """Add to the tally.
+
+        Args:
+            step: How much to add.
+        """
+        self.count += step
+        return self.count
+
+    def get_reward(self) -> float:
+        return float(self.count)
+
+
+def test_environment_tools_and_instances_are_where_trls_tests_look(tiny_tokenizer, tmp_path):
+    # test_train_with_environment_owned_reward, test_train_with_environment_factory
+    args = tiny_config(tmp_path, per_device_train_batch_size=3, num_generations=3)
+    trainer = GRPOTrainer(make_tiny_model(tiny_tokenizer), args=args, train_dataset=CHAT_DATA,
+                          processing_class=tiny_tokenizer, environment_factory=_Tally)  # fmt: skip
+    names = [tool.__name__ for tool in trainer.tools]
+    assert names == ["bump"]  # not reset, not get_reward
+    assert trainer.reward_func_names == ["_Tally"]
+    assert len(trainer.environments) == 1 and isinstance(trainer.environments[0], _Tally)
+    assert trainer.tools[0].__self__ is trainer.environments[0]
+
+
+@pytest.mark.parametrize(
+    ("case", "phrase"),
+    [
+        ("stream_dispatched", "Iterable datasets require `dispatch_batches=False`"),
+        ("dict_factory_no_data", "requires a `train_dataset`"),
+        ("unknown_environment", "not among the environments"),
+    ],
+)
+def test_input_errors_carry_trls_phrases(tiny_tokenizer, tmp_path, case, phrase):
+    from datasets import Dataset
+
+    kwargs = dict(processing_class=tiny_tokenizer, train_dataset=SEVEN_DATA)
+    options = {}
+    if case == "stream_dispatched":  # no max_steps: the dispatch check comes first, as in TRL
+        kwargs["train_dataset"] = Dataset.from_list(SEVEN_DATA).to_iterable_dataset()
+        options = dict(accelerator_config={"dispatch_batches": True}, max_steps=-1)
+    elif case == "dict_factory_no_data":
+        kwargs.update(train_dataset=None, environment_factory={"a": _Tally, "b": _Tally})
+    else:
+        rows = [{**r, "environment": "unknown"} for r in CHAT_DATA]
+        kwargs.update(train_dataset=rows, environment_factory={"tally": _Tally})
+    with pytest.raises(ValueError, match=phrase):
+        GRPOTrainer(make_tiny_model(tiny_tokenizer), char_codes,
+                    args=tiny_config(tmp_path, **options), **kwargs)  # fmt: skip
+
+
+def test_a_streamed_eval_set_gets_one_worker_the_train_set_keeps_its(tiny_tokenizer, tmp_path):
+    # test_iterable_eval_keeps_map_style_train_workers
+    from datasets import Dataset
+
+    stream = Dataset.from_list(SEVEN_DATA[:4]).to_iterable_dataset()
+    args = tiny_config(tmp_path, dataloader_num_workers=2)
+    trainer = GRPOTrainer(make_tiny_model(tiny_tokenizer), char_codes, args=args,
+                          train_dataset=SEVEN_DATA, eval_dataset=stream,
+                          processing_class=tiny_tokenizer)  # fmt: skip
+    assert trainer.get_train_dataloader().num_workers == 2
+    assert trainer.get_eval_dataloader().num_workers == 0
+    assert trainer.args.dataloader_num_workers == 2  # scoped, not persisted
+
+
+def _lora(**kw):
+    from peft import LoraConfig
+
+    return LoraConfig(r=4, lora_alpha=8, **kw)
+
+
+@pytest.mark.parametrize(
+    ("peft", "error", "phrase"),
+    [
+        (lambda: _lora(target_modules=["q_proj", "v_proj", "lm_head"]), ValueError, "lm_head"),
+        ("prompt", ValueError, "prompt-learning"),
+        (lambda: _lora(target_modules=["q_proj", "v_proj"]), ImportError, "liger-kernel"),
+        (lambda: _lora(target_modules=["q_proj"], modules_to_save=["lm_head"]), ImportError,
+         "liger-kernel"),
+        (lambda: None, ImportError, "liger-kernel"),
+    ],
+)  # fmt: skip
+def test_use_liger_kernel_is_decided_per_case_with_trls_reasons(
+    tiny_tokenizer, tmp_path, peft, error, phrase
+):
+    # test_liger_kernel_with_peft_*: without liger-kernel installed (as here), TRL's allowed
+    # setups raise ImportError; the refused ones name their reason first
+    if peft == "prompt":
+        from peft import PromptTuningConfig, TaskType
+
+        config = PromptTuningConfig(task_type=TaskType.CAUSAL_LM, num_virtual_tokens=8)
+    else:
+        config = peft()
+    args = tiny_config(tmp_path, use_liger_kernel=True)  # accepted by the config, as in TRL
+    with pytest.raises(error, match=phrase):
+        GRPOTrainer(make_tiny_model(tiny_tokenizer), char_codes, args=args,
+                    train_dataset=SEVEN_DATA, processing_class=tiny_tokenizer,
+                    peft_config=config)  # fmt: skip
+
+
+def test_training_step_gets_the_generation_batch_as_trls_sampler_orders_it(tiny_tokenizer,
+                                                                           tmp_path):  # fmt: skip
+    # test_prepare_input_called_with_correct_data: each prompt G times in a row, the whole
+    # generation batch at every micro-step of its steps_per_generation * num_iterations
+    from unittest.mock import patch
+
+    args = tiny_config(tmp_path, gradient_accumulation_steps=3, steps_per_generation=4,
+                       num_generations=4, per_device_train_batch_size=6, num_iterations=2,
+                       shuffle_dataset=False, max_steps=-1, num_train_epochs=1)  # fmt: skip
+    data = [{"prompt": r["prompt"]} for r in SEVEN_DATA[:13]]  # 2 generation batches of 6
+    trainer = GRPOTrainer(make_tiny_model(tiny_tokenizer), char_codes, args=args,
+                          train_dataset=data, processing_class=tiny_tokenizer)  # fmt: skip
+    with patch.object(GRPOTrainer, "training_step", wraps=trainer.training_step) as step:
+        trainer.train()
+    assert step.call_count == 16  # 2 generation batches x 4 steps_per_generation x 2 iterations
+    for call, first in zip(step.call_args_list, [0] * 8 + [6] * 8):
+        assert call.args[1] == [p for p in data[first : first + 6] for _ in range(4)]
+
+
+def test_a_replaced_generate_that_drops_the_prompt_is_refused(tiny_tokenizer, tmp_path):
+    from unittest.mock import patch
+
+    def completions_only(input_ids, **kwargs):  # not transformers' contract: no prompt ids
+        return torch.full((input_ids.shape[0], 4), 7, device=input_ids.device)
+
+    trainer = GRPOTrainer(make_tiny_model(tiny_tokenizer), char_codes, args=tiny_config(tmp_path),
+                          train_dataset=SEVEN_DATA, processing_class=tiny_tokenizer)  # fmt: skip
+    with patch.object(trainer.model, "generate", side_effect=completions_only):
+        with pytest.raises(ValueError, match="input ids followed by its new tokens"):
+            trainer.train()

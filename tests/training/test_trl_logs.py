@@ -106,3 +106,34 @@ def test_num_tokens_counts_prompt_and_completion_tokens(tiny_tokenizer, tiny_mod
     assert len(counts) == 3 and counts == sorted(counts) and counts[0] > 0
     assert ours.state.num_input_tokens_seen == counts[-1]
     assert torch.tensor(counts).diff().min() > 0
+
+
+def test_default_logging_steps_is_trls_and_the_final_entry_carries_the_metrics(
+    tiny_tokenizer, tiny_model_dir, tmp_path
+):
+    """Issue 48 item 1: TRL's default `logging_steps=10`, so a short run's `log_history[-1]` (the
+    summary beside `train_runtime`) carries the averaged metrics, as `log_history[-1]["reward"]` in
+    TRL's tests and users' notebooks reads it; metrics.jsonl still has one line per step."""
+    from grpo_plugin.training.run.rundir import read_metrics
+
+    assert grpo_plugin.GRPOConfig(output_dir=str(tmp_path)).logging_steps == 10
+    options = {k: v for k, v in BASE.items() if k != "logging_steps"}
+    out = str(tmp_path / "default")
+    trainer = grpo_plugin.GRPOTrainer(
+        str(tiny_model_dir),
+        [frac_sevens, char_codes],
+        args=grpo_plugin.GRPOConfig(output_dir=out, **options),
+        train_dataset=DATA,
+        processing_class=tiny_tokenizer,
+    )
+    trainer.train()
+    history = trainer.state.log_history
+    assert len(history) == 1 and "train_runtime" in history[-1]  # 3 steps < 10: one entry
+    assert {"reward", "rewards/frac_sevens/mean", "rewards/char_codes/mean"} <= set(history[-1])
+    steps = [row for row in read_metrics(out) if "train_runtime" not in row]
+    assert [row["step"] for row in steps] == [1, 2, 3]
+    for row in steps:
+        assert {"loss", "grad_norm", "learning_rate", "reward"} <= set(row)
+    # the summary's reward is the average of the three steps' rewards
+    mean = sum(row["reward"] for row in steps) / 3
+    assert history[-1]["reward"] == pytest.approx(mean, rel=1e-5)

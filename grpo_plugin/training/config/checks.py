@@ -79,18 +79,13 @@ def refused_field_names() -> list[str]:
 
 
 def check_refused_fields(config: Any) -> None:
-    """Raise for the first refused field (and `use_liger_kernel`) set away from its default,
+    """Raise for the first refused field set away from its default,
     naming it, why it does not apply here, and the default to leave it at."""
     for name, (default, reason) in REFUSED.items():
         value = getattr(config, name)
         if value != default:
             raise ValueError(f"{name}={value!r} is not supported: {reason}; leave it {default!r}.")
-    if config.use_liger_kernel:  # before transformers, which would try to import Liger
-        raise ValueError(
-            "use_liger_kernel=True is not supported: log-probs come from our chunked LM head "
-            "and prefix-shared forward, which Liger's patched forward and fused loss would "
-            "bypass (TRL deprecates it too); leave it False."
-        )
+    # use_liger_kernel is decided by the trainer, which knows the PEFT adapter (liger.py)
 
 
 # --- the loss (objective) ---------------------------------------------------------------------------

@@ -16,7 +16,7 @@ Defaults that differ from `transformers.TrainingArguments`:
 - `learning_rate=1e-5`: TRL's 1e-6 targets full fine-tuning. A LoRA update is a rank-r delta scaled by
   alpha/r, and GRPO's per-step signal is small (most groups carry zero advantage early on), so LoRA GRPO
   needs roughly 10x more; 1e-5 is safe for 0.5-8B models. Tiny models (the 135M demo) use 1e-4..5e-4.
-- `logging_steps=1`: one line of `metrics.jsonl` per optimizer step (rollout steps are expensive).
+- `logging_steps=10`: TRL's (log_history and report_to average 10 steps); metrics.jsonl gets every step.
 - `bf16=None`: resolved to True only on a CUDA device that supports bf16; fp32 on CPU. `bf16=True`
   is mixed precision (float32 weights, bf16 autocast: `training/policy.py`, `distributed.py`).
   `bf16=True` on a CPU sets `use_cpu` (transformers asks for it) and warns without AVX512-BF16/AMX.
@@ -387,7 +387,11 @@ class GRPOConfig(TrainingArguments):
         "bf16 mixed precision: float32 weights (unless model_init_kwargs names a dtype), "
         "forwards under bf16 autocast. None: on when the CUDA device supports it, else fp32."
     )
-    logging_steps: float = _help("Log (and append to metrics.jsonl) every N optimizer steps.", 1)
+    logging_steps: float = _help(
+        "Log to the trainer's log_history and report_to every N optimizer steps, the metrics "
+        "averaged over them (TRL's default, 10). metrics.jsonl gets every step regardless.",
+        10,
+    )
     report_to: None | str | list[str] = _help(
         "Experiment trackers to report to ('none', 'wandb', ...).", "none"
     )
@@ -505,7 +509,7 @@ class GRPOConfig(TrainingArguments):
 
     def __post_init__(self) -> None:
         # Before TrainingArguments' own, which would default (eval_steps, bf16) or refuse
-        # (use_liger_kernel, bf16 on a CPU) these first.
+        # (bf16 on a CPU) these first.
         set_evaluation_defaults(self)
         set_run_defaults(self)
         check_autopilot_memory(self)

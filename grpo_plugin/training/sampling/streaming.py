@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -84,6 +85,19 @@ def apply_stream_settings(args: Any, train_dataset: Any, eval_dataset: Any) -> N
             args.dataloader_num_workers,
         )
         args.dataloader_num_workers = 0
+
+
+@contextmanager
+def single_worker_for(dataset: Any, args: Any) -> Iterator[None]:
+    """Within: `args.dataloader_num_workers` 0 if `dataset` is streamed (TRL's eval loader: workers
+    would shard the stream); restored after, so the train loader keeps its workers."""
+    workers = args.dataloader_num_workers
+    if is_streamed(dataset):
+        args.dataloader_num_workers = 0
+    try:
+        yield
+    finally:
+        args.dataloader_num_workers = workers
 
 
 class PromptBlockStream(torch.utils.data.IterableDataset):

@@ -159,8 +159,8 @@ class ToolInputs:
             )
         if self.environments.by_column:
             raise ValueError(
-                "a dict environment_factory routes each row by its `environment` column, so it "
-                "needs a train_dataset with that column; give one, or a single factory."
+                "a dict environment_factory requires a `train_dataset` with an `environment` "
+                "column (each row is routed by it); give one, or a single factory."
             )
         if args.max_steps is None or args.max_steps <= 0:
             raise ValueError(
@@ -174,6 +174,16 @@ class ToolInputs:
     def worker_tools(self, isolate: bool) -> list[Tool]:
         """The tools that run in the worker process (for `isolation.prepare`)."""
         return [t for t in self.tools if isolate and not t.in_process]
+
+    def public_tools(self) -> list[Callable[..., Any]]:
+        """`trainer.tools` as TRL exposes it: the user's tools, then each environment class's tool
+        methods (bound to its first instance; not `reset` nor `get_reward`), once per name."""
+        found = {t.name: t.fn for t in self.tools}
+        if self.environments is not None:
+            for pool in self.environments.pool.values():
+                for tool in self.environments.tools_of(pool[0]):
+                    found.setdefault(tool.name, tool.fn)
+        return list(found.values())
 
     @property
     def uses_tools(self) -> bool:

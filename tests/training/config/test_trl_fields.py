@@ -69,9 +69,9 @@ def test_use_vllm_refusal_says_why(tmp_path):
         make(tmp_path, use_vllm=True)
 
 
-def test_use_liger_kernel_is_refused_not_ignored(tmp_path):
-    with pytest.raises(ValueError, match="use_liger_kernel=True is not supported: log-probs come"):
-        make(tmp_path, use_liger_kernel=True)
+def test_use_liger_kernel_is_left_to_the_trainer(tmp_path):
+    # the trainer decides it with the PEFT adapter in view (training/liger.py), as TRL does
+    assert make(tmp_path, use_liger_kernel=True).use_liger_kernel is True
 
 
 def test_generation_kwargs_override_supported_keys_and_refuse_the_rest(tmp_path):
