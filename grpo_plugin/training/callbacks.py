@@ -32,6 +32,9 @@ def replace_default_callbacks(trainer: Any) -> None:
         trainer.add_callback(bar)
 
 
+SUMMARY_KEYS = ("train_", "total_flos", "epoch")  # the Trainer's end-of-training log
+
+
 class MetricsJsonlCallback(TrainerCallback):
     """`metrics.jsonl` (rundir), one JSON line per optimizer step (`step_log()`: that step's
     metrics, whatever `logging_steps` is; shown on the progress bar too), plus the evaluation logs
@@ -49,9 +52,13 @@ class MetricsJsonlCallback(TrainerCallback):
                 self.bar.show(record, state)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        periodic = logs and "loss" in logs and "train_runtime" not in logs
-        if state.is_world_process_zero and logs and not periodic:
-            append_metrics(args.output_dir, state.global_step, logs)
+        if not (state.is_world_process_zero and logs):
+            return
+        if "train_runtime" in logs:  # the summary's own keys: the window's averages in it
+            logs = {k: v for k, v in logs.items() if k.startswith(SUMMARY_KEYS)}  # read as a step
+        elif "loss" in logs:  # a periodic log: averages of steps already written
+            return
+        append_metrics(args.output_dir, state.global_step, logs)
 
 
 class RunProgressCallback(TrainerCallback):
