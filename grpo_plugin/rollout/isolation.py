@@ -247,7 +247,14 @@ class UserWorker:
             keys = tuple(id(t) for t in targets)
             reply = Reply()
             try:
-                _send(self._sock, (job, keys, payload, _rng_states()))
+                request = pickle.dumps((job, keys, payload, _rng_states()), pickle.HIGHEST_PROTOCOL)
+            except Exception as err:  # an argument that cannot travel: the call's error
+                reply.error = TypeError(
+                    f"its arguments cannot be sent to the worker process ({err})"
+                )
+                return reply
+            try:
+                self._sock.sendall(_HEADER.pack(len(request)) + request)
                 self._collect(reply, timeout)
             except OSError:  # it ended while the request was being written
                 reply.lost = self._reap()

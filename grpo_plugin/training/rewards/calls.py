@@ -134,6 +134,11 @@ def _in_worker(job: Callable, fns: list, payload: tuple, timeout, context) -> li
         )
     if reply.lost is not None:
         raise _lost(names, reply.lost)
+    if reply.error is not None and not isinstance(reply.error, RewardFunctionError):
+        raise RewardFunctionError(
+            f"reward function {names} could not run in the worker process: {reply.error}; mark "
+            "it reward_fns.in_process, or set isolate_user_code=False."
+        ) from reply.error
     answer, logged = reply.value()
     if context is not None:
         context.absorb(*logged)

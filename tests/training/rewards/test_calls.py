@@ -147,3 +147,19 @@ def test_in_the_trainers_process_a_call_stuck_in_c_code_ends_the_process_with_it
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 1 and "returned" not in done.stdout
     assert "Timeout" in done.stderr and "backtracks" in done.stderr  # where it was stuck
+
+
+def test_arguments_that_cannot_travel_are_an_error_naming_the_function_and_the_way_out():
+    import threading
+
+    def reads_a_column(prompts, completions, handle, **kw):
+        return [1.0] * len(completions)
+
+    with pytest.raises(RewardFunctionError) as err:
+        score([reads_a_column], ["a"], handle=[threading.Lock()])  # a lock does not pickle
+    assert str(err.value).startswith(
+        "reward function 'reads_a_column' could not run in the worker process: its arguments "
+        "cannot be sent to the worker process ("
+    )
+    assert "reward_fns.in_process, or set isolate_user_code=False" in str(err.value)
+    assert score([length], ["abc"]).tolist() == [[3.0]]  # the worker is still there
