@@ -3,6 +3,7 @@ resumed, stopped with SIGTERM and resumed, started twice into one folder, rerun 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -452,6 +453,20 @@ def test_sigterm_during_the_evaluation_after_training_keeps_the_run_and_resume_f
     assert "after" in evaluation and "before" in evaluation
 
 
+@contextlib.contextmanager
+def one_torch_thread():
+    """An in-process run compared with a subprocess run at OMP_NUM_THREADS=1: torch's sums depend
+    on the thread count (`make test` sets none)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_a_full_disk_mid_run_is_one_line_and_nothing_saved_is_lost(
     recipe, uninterrupted, tmp_path, monkeypatch, capsys
 ):
@@ -472,17 +487,18 @@ def test_a_full_disk_mid_run_is_one_line_and_nothing_saved_is_lost(
         return write(table, where, **kwargs)
 
     monkeypatch.setattr(pq, "write_table", full_disk)
-    assert cli.main(["train", str(path)]) == 1
-    (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith(
-        f"error: Could not write {out}/completions/step_00003.parquet in {out}: no space left "
-        "on the device ("
-    ) and line.endswith(
-        "Saved checkpoints are intact (checkpoint-2); free some space or set save_total_limit, "
-        "then resume with --resume_from_checkpoint true."
-    )
-    monkeypatch.setattr(pq, "write_table", write)  # space freed
-    assert cli.main(["train", str(path), "--resume_from_checkpoint", "true"]) == 0
+    with one_torch_thread():  # as `uninterrupted`, a subprocess at OMP_NUM_THREADS=1
+        assert cli.main(["train", str(path)]) == 1
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith(
+            f"error: Could not write {out}/completions/step_00003.parquet in {out}: no space "
+            "left on the device ("
+        ) and line.endswith(
+            "Saved checkpoints are intact (checkpoint-2); free some space or set "
+            "save_total_limit, then resume with --resume_from_checkpoint true."
+        )
+        monkeypatch.setattr(pq, "write_table", write)  # space freed
+        assert cli.main(["train", str(path), "--resume_from_checkpoint", "true"]) == 0
     assert metric_lines(out) == metric_lines(uninterrupted)
     assert completions(out) == completions(uninterrupted)
     assert weights_diff(out, uninterrupted) == 0.0

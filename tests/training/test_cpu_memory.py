@@ -60,6 +60,11 @@ def _faults_of_a_fresh_20_mb_tensor() -> int:
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's mallopt")
 def test_freed_memory_is_reused_without_page_faults():
+    from grpo_plugin.rollout import isolation
+
+    # a user-code worker an earlier test forked shares this process's pages: the first write to
+    # each would fault once (copy-on-write), whatever malloc does; that is not what this measures
+    isolation.shared_worker().stop()
     assert _compat.reuse_freed_cpu_memory() is True
     assert _compat.reuse_freed_cpu_memory() is True  # idempotent
     for _ in range(3):  # the heap grows to hold it
