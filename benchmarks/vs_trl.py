@@ -120,6 +120,7 @@ def child_flags(opts, **overrides: Any) -> list[str]:
         "ours_micro_batch": opts.ours_micro_batch,
         "ours_src": opts.ours_src,
         "ours_rollout_precision": opts.ours_rollout_precision,
+        "ours_torch_threads": opts.ours_torch_threads,
         **overrides,
     }
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in values.items() if v is not None]
@@ -327,6 +328,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="ours: rows per micro-batch, where it differs from TRL's (--micro-batch)")  # fmt: skip
     p.add_argument("--ours-auto-batch", action="store_true",
                    help="ours: auto_find_batch_size=True (the autopilot picks its split)")  # fmt: skip
+    p.add_argument("--ours-torch-threads", default=None,
+                   help="ours: torch_threads ('auto', N); default the process's, as TRL")  # fmt: skip
     p.add_argument("--ours-rollout-precision", default="policy", choices=["policy", "auto", "bf16", "fp16"],
                    help="ours: rollout_precision (a bf16 / fp16 rollout copy, corrected)")  # fmt: skip
     p.add_argument("--ours-compile-decode", action="store_true",

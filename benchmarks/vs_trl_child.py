@@ -248,6 +248,8 @@ def build_trainer(opts, dataset, output_dir: str):
             auto["compile_decode"] = True
         if opts.ours_padded:  # not passed to an older checkout's config
             auto["padding_free"] = False
+        if opts.ours_torch_threads:  # not passed to an older checkout's config
+            auto["torch_threads"] = opts.ours_torch_threads
         args = GRPOConfig(**shared, share_prompt_prefix=True, **auto)
     return GRPOTrainer(
         model=opts.model_dir,

@@ -19,6 +19,19 @@ os.environ.setdefault(
     "GRPO_PLUGIN_CACHE", str(Path(__file__).resolve().parents[1] / ".cache" / "grpo-plugin")
 )
 
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """A recipe run in this process sets torch's thread count (`torch_threads: auto`, process-wide);
+    the next test starts from the process's own count again."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != before:
+        torch.set_num_threads(before)
+
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The real GSM8K data lives beside the checkout (../shared), not in the public repository.
 GSM8K_DIR = REPO_ROOT.parent / "shared" / "data" / "gsm8k"

@@ -109,6 +109,7 @@ TRAINING_ROOMS: list[tuple[str, set[str], str]] = [
     ("metrics", set(), "the metrics window, zero-std watch, TRL-named reward metrics"),
     ("policy", {"model_checks"}, "loading the policy, reference, LoRA / QLoRA"),
     ("cpu_memory", set(), "malloc keeps freed memory for the next step on a CPU"),
+    ("cpu_threads", set(), "torch's CPU threads for a run: the free cores, kept on resume"),
     ("liger", set(), "use_liger_kernel, decided per case with TRL's reasons"),
     (
         "rewards",
@@ -122,7 +123,7 @@ TRAINING_ROOMS: list[tuple[str, set[str], str]] = [
     ),
     (
         "run",
-        {"cpu_memory", "distributed", "metrics", "rewards"},
+        {"cpu_memory", "cpu_threads", "distributed", "metrics", "rewards"},
         "the run dir, checkpoints, resume, RunState",
     ),
     ("progress", set(), "what a person sees while a run works: live lines or plain ones"),

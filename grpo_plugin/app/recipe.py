@@ -319,8 +319,9 @@ def build_recipe(raw: dict[str, Any], source: str | None = None) -> Recipe:
     except ValueError as err:
         raise RecipeError(one_line(err)) from err
     try:  # the progress lines are on unless the recipe turns them off (disable_tqdm: true);
-        # transformers' default follows its log level, which the CLI sets to errors only
-        defaults = {"disable_tqdm": False}
+        # transformers' default follows its log level, which the CLI sets to errors only.
+        # A recipe's run takes the free cores (torch_threads: auto) unless it says otherwise.
+        defaults = {"disable_tqdm": False, "torch_threads": "auto"}
         args, config = recipe_parser().parse_dict({**defaults, **raw}, allow_extra_keys=False)
     except (ValueError, TypeError) as err:
         raise RecipeError(one_line(err)) from err

@@ -36,7 +36,7 @@ from ..core.prompt_grad import SharedPromptGrad
 from ..rollout.dynamic_sampling import refill
 from ..rollout.noise import KeyedNoise, RolloutKey
 from ..rollout.types import Rollout, TrainingBatch
-from . import autopilot, distributed
+from . import autopilot, cpu_threads, distributed
 from .callbacks import SyncRefModelCallback, replace_default_callbacks
 from .config.checks import warn_on_loss_combinations
 from .config.grpo_config import GRPOConfig
@@ -109,6 +109,7 @@ class GRPOTrainer(TRLAttributes, TrainerLoaders, Trainer):
         )
         self.rewards = r  # TRL's reward_funcs, reward_weights, ... read it (trl_attributes.py)
         fork_user_code_worker(r, tool_inputs, args)  # the user's code's process, before the model
+        cpu_threads.apply(args)  # torch_threads: 'auto' looks at the free cores, before the load
         self.eval_metrics = resolve_eval_metrics(eval_metrics)
         eval_sets = eval_set_names(eval_dataset)
         check_eval_setup(args, eval_sets, self.reward_names, self.eval_metrics is not None)

@@ -408,6 +408,20 @@ def check_run(config: Any) -> None:
         raise ValueError(
             f"num_completions_to_print={config.num_completions_to_print} must be None or >= 0."
         )
+    config.torch_threads = resolve_torch_threads(config.torch_threads)
+
+
+def resolve_torch_threads(value: int | str | None) -> int | str | None:
+    """`torch_threads` as the trainer uses it: None, "auto" or a positive int (from "2" too)."""
+    if value is None or value == "auto":
+        return value
+    text = str(value).strip()
+    if not text.isdigit() or int(text) < 1 or isinstance(value, (bool, float)):
+        raise ValueError(
+            f"torch_threads={value!r} must be 'auto', a number of threads >= 1, or None for the "
+            "process's setting."
+        )
+    return int(text)
 
 
 # --- ours: the memory autopilot ---------------------------------------------------------------------

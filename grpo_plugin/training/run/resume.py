@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .. import cpu_threads
 from . import checkpoints, rundir
 
 logger = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ FREE = frozenset(
     dataloader_persistent_workers dataloader_prefetch_factor dataloader_multiprocessing_context
     ddp_timeout torch_empty_cache_steps reward_timeout isolate_user_code reward_hacking_window
     reward_hacking_threshold zero_std_patience restore_callback_states_from_checkpoint
-    enable_jit_checkpoint local_rank debug auto_batch_memory_gb""".split()
+    enable_jit_checkpoint local_rank debug auto_batch_memory_gb torch_threads""".split()
 )
 # Honoured: the schedule is rebuilt for them at the restored step (`rebuild_schedule`).
 SCHEDULE = frozenset(
@@ -334,10 +335,12 @@ class ResumePlan:
 def prepare(trainer: Any, checkpoint: str | None) -> None:
     """Before `Trainer.train`: the run's record (saved with each checkpoint), and on resume the
     checks above; what `after_restore` needs goes into `trainer.resume_plan`."""
-    plan = trainer.resume_plan
-    plan.record, plan.schedule = trainer_record(trainer), None
+    plan, saved = trainer.resume_plan, read_record(checkpoint)
+    if checkpoint is not None:  # first: the record below holds the count the run goes on with
+        cpu_threads.restore(saved, trainer.args, str(checkpoint))
+    plan.record, plan.schedule = cpu_threads.record(trainer_record(trainer)), None
     plan.started, plan.ended = time.perf_counter(), None
-    plan.seconds_before = float((read_record(checkpoint) or {}).get("train_seconds", 0.0))
+    plan.seconds_before = float((saved or {}).get("train_seconds", 0.0))
     if checkpoint is None:
         return
     missing = check_pieces(checkpoint, trainer.args)

@@ -1,0 +1,128 @@
+"""How many CPU threads torch trains with (`GRPOConfig.torch_threads`; the CLI's recipes: "auto").
+
+Why: torch splits each operation over its threads, which meet at a barrier before the next one.
+On a 2-core machine with one busy process beside the run, one of our two threads waits for the
+busy core at every barrier, and both wait with it: 8 steps of the demo took 3.98x their time
+alone with 2 threads, where losing one core should cost at most 2x, and 1.36x with `auto`, which
+took 1 (2-core AMD EPYC, 2026-12-06, `python benchmarks/busy_machine.py`; docs/benchmarks.md).
+
+    None    the process's setting, untouched (torch's default: one thread per core, or
+            OMP_NUM_THREADS): what TRL does
+    "auto"  the cores that are free when the trainer is built: the CPU time /proc/stat counts as
+            idle over 0.3 s, on the cores this process may run on, rounded; never more
+            than the process's setting; an OMP_NUM_THREADS the user set is kept, and so is
+            the count of each process of a multi-process launch
+    N       N threads
+
+Results depend on the thread count (a sum split over two threads adds in another order: the
+demo's log-probabilities differ in the last bits between 1 and 2 threads), so the count a run
+trains with is recorded in its checkpoints (grpo_resume.json, `torch_threads`) and a resume
+takes it back whatever the load is then; a count set explicitly that differs from it is warned
+about, since that resume is no longer bit-exact. A load that starts after the trainer is built
+is not followed, for the same reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_SECONDS = 0.3
+RECORD_KEY = "torch_threads"
+
+
+def _cpu_times(allowed: set[int], stat: Path) -> tuple[float, float]:
+    """(idle, total) jiffies summed over the allowed CPUs' lines of /proc/stat."""
+    idle = total = 0.0
+    for line in stat.read_text().splitlines():
+        name, *values = line.split()
+        if not name.startswith("cpu") or name == "cpu" or int(name[3:]) not in allowed:
+            continue
+        numbers = [float(v) for v in values[:8]]  # user nice system idle iowait irq softirq steal
+        idle += numbers[3] + numbers[4]
+        total += sum(numbers)
+    return idle, total
+
+
+def free_cores(seconds: float = SAMPLE_SECONDS, stat: Path = Path("/proc/stat")) -> float | None:
+    """How many of this process's CPUs were idle over `seconds` (a VM's stolen time counts as
+    busy); None where /proc/stat cannot be read."""
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    try:
+        idle0, total0 = _cpu_times(allowed, stat)
+        time.sleep(seconds)
+        idle1, total1 = _cpu_times(allowed, stat)
+    except (OSError, ValueError, IndexError):
+        return None
+    if total1 <= total0:
+        return None
+    return len(allowed) * (idle1 - idle0) / (total1 - total0)
+
+
+def auto_threads(current: int, free: float | None) -> int:
+    """The thread count for `free` idle cores: rounded, at least 1, at most `current`."""
+    if free is None:
+        return current
+    return max(1, min(current, int(free + 0.5)))
+
+
+def choose(setting: int | str | None, processes: int = 1) -> tuple[int, str] | None:
+    """(threads, why) for a run's `torch_threads`; None: leave the process as it is."""
+    if setting is None:
+        return None
+    current = torch.get_num_threads()
+    if setting != "auto":
+        return int(setting), "torch_threads"
+    if os.environ.get("OMP_NUM_THREADS"):
+        return current, "OMP_NUM_THREADS, kept"
+    if processes > 1:  # each would count the others' load; the launcher sets the threads
+        return current, f"{processes} processes, kept"
+    free = free_cores()
+    threads = auto_threads(current, free)
+    seen = "unknown" if free is None else f"{free:.1f} of {len(os.sched_getaffinity(0))}"
+    return threads, f"auto: {seen} cores free"
+
+
+def apply(args: Any) -> None:
+    """When the trainer is built: set torch's thread count for `args.torch_threads` and say so."""
+    chosen = choose(args.torch_threads, args.world_size)
+    if chosen is None:
+        return
+    threads, why = chosen
+    if threads != torch.get_num_threads():
+        torch.set_num_threads(threads)
+    logger.info("torch threads: %d (%s; kept for this run and its resumes)", threads, why)
+
+
+def record(saved: dict[str, Any]) -> dict[str, Any]:
+    """The run's record with the thread count it trains with."""
+    return saved | {RECORD_KEY: torch.get_num_threads()}
+
+
+def restore(saved: dict[str, Any] | None, args: Any, checkpoint: str) -> None:
+    """On resume: take back the checkpoint's thread count, unless one was set explicitly (then
+    warn that the resume is not bit-exact)."""
+    recorded = (saved or {}).get(RECORD_KEY)
+    current = torch.get_num_threads()
+    if recorded is None or recorded == current:
+        return
+    explicit = args.torch_threads not in (None, "auto") or os.environ.get("OMP_NUM_THREADS")
+    if explicit or args.torch_threads is None:
+        logger.warning(
+            "%s trained with %d torch threads; this resume runs %d, so its results differ from "
+            "an uninterrupted run's in the last bits (set torch_threads: %d, or auto, to match).",
+            checkpoint,
+            recorded,
+            current,
+            recorded,
+        )
+        return
+    torch.set_num_threads(int(recorded))
+    logger.info("torch threads: %d, as %s trained with (auto)", recorded, checkpoint)
