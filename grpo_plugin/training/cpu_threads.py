@@ -81,9 +81,9 @@ def choose(setting: int | str | None, processes: int = 1) -> tuple[int, str] | N
     if setting != "auto":
         return int(setting), "torch_threads"
     if os.environ.get("OMP_NUM_THREADS"):
-        return current, "OMP_NUM_THREADS, kept"
+        return current, "auto keeps OMP_NUM_THREADS"
     if processes > 1:  # each would count the others' load; the launcher sets the threads
-        return current, f"{processes} processes, kept"
+        return current, f"auto keeps each of {processes} processes' own"
     free = free_cores()
     threads = auto_threads(current, free)
     seen = "unknown" if free is None else f"{free:.1f} of {len(os.sched_getaffinity(0))}"
@@ -98,7 +98,7 @@ def apply(args: Any) -> None:
     threads, why = chosen
     if threads != torch.get_num_threads():
         torch.set_num_threads(threads)
-    logger.info("torch threads: %d (%s; kept for this run and its resumes)", threads, why)
+    logger.info("torch threads: %d (%s)", threads, why)
 
 
 def record(saved: dict[str, Any]) -> dict[str, Any]:
@@ -125,4 +125,8 @@ def restore(saved: dict[str, Any] | None, args: Any, checkpoint: str) -> None:
         )
         return
     torch.set_num_threads(int(recorded))
-    logger.info("torch threads: %d, as %s trained with (auto)", recorded, checkpoint)
+    logger.info(
+        "torch threads: %d, as %s trained with (auto: a resume keeps its run's count)",
+        recorded,
+        checkpoint,
+    )

@@ -87,11 +87,13 @@ def test_a_busy_process_beside_us_leaves_one_core_fewer():
 def test_an_omp_num_threads_the_user_set_is_kept_by_auto(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     monkeypatch.setattr(cpu_threads, "free_cores", lambda: pytest.fail("must not look"))
-    assert cpu_threads.choose("auto") == (torch.get_num_threads(), "OMP_NUM_THREADS, kept")
+    assert cpu_threads.choose("auto") == (torch.get_num_threads(), "auto keeps OMP_NUM_THREADS")
     assert cpu_threads.choose(None) is None  # the process's setting, as TRL
 
 
-@pytest.mark.parametrize("value, expected", [(None, None), ("auto", "auto"), ("3", 3), (1, 1)])
+@pytest.mark.parametrize(
+    "value, expected", [(None, None), ("none", None), ("auto", "auto"), ("3", 3), (1, 1)]
+)
 def test_the_config_takes_none_auto_or_a_count(tmp_path, value, expected):
     assert GRPOConfig(output_dir=str(tmp_path), torch_threads=value).torch_threads == expected
 
@@ -178,6 +180,10 @@ def test_a_recipe_defaults_to_auto_and_a_flag_pins_it(tmp_path):
     assert load_recipe(recipe, ["--torch_threads", "1"]).config.torch_threads == 1
     with pytest.raises(RecipeError, match=r"^torch_threads='0' must be 'auto'"):
         load_recipe(recipe, ["--torch_threads", "0"])
+    yaml_recipe = tmp_path / "threads.yaml"
+    yaml_recipe.write_text("dataset: {name: arithmetic}\ntorch_threads: 2\n")
+    assert load_recipe(str(yaml_recipe), []).config.torch_threads == 2  # a YAML integer
+    assert load_recipe(recipe, ["--torch_threads", "null"]).config.torch_threads is None
 
 
 TINY_RECIPE = """\
@@ -222,4 +228,7 @@ def test_the_cli_beside_a_busy_process_trains_with_a_thread_fewer(tmp_path, tiny
 
 def test_each_process_of_a_multi_process_launch_keeps_its_count(monkeypatch):
     monkeypatch.setattr(cpu_threads, "free_cores", lambda: pytest.fail("must not look"))
-    assert cpu_threads.choose("auto", processes=2) == (torch.get_num_threads(), "2 processes, kept")
+    assert cpu_threads.choose("auto", processes=2) == (
+        torch.get_num_threads(),
+        "auto keeps each of 2 processes' own",
+    )

@@ -412,14 +412,17 @@ def check_run(config: Any) -> None:
 
 
 def resolve_torch_threads(value: int | str | None) -> int | str | None:
-    """`torch_threads` as the trainer uses it: None, "auto" or a positive int (from "2" too)."""
+    """`torch_threads` as the trainer uses it: None, "auto" or a positive int (from "2" too;
+    a flag's "none" or "null" is None)."""
     if value is None or value == "auto":
         return value
     text = str(value).strip()
+    if text.lower() in ("none", "null"):
+        return None
     if not text.isdigit() or int(text) < 1 or isinstance(value, (bool, float)):
         raise ValueError(
-            f"torch_threads={value!r} must be 'auto', a number of threads >= 1, or None for the "
-            "process's setting."
+            f"torch_threads={value!r} must be 'auto', a number of threads >= 1, or none (the "
+            "process's setting)."
         )
     return int(text)
 

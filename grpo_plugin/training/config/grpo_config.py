@@ -499,14 +499,14 @@ class GRPOConfig(TrainingArguments):
         "steps. Results are unchanged.",
         True,
     )
-    torch_threads: str | None = _help(
-        "Torch's CPU threads for this run. None (the default, as TRL): the process's setting, "
-        "one per core or OMP_NUM_THREADS. 'auto' (the CLI's recipes): the cores that are free "
-        "when the trainer is built, so that a busy process beside the run does not stall every "
-        "operation (the demo's 8 steps beside one: 4.3x their time alone with 2 threads on 2 "
-        "cores, 1.7x with 1); an OMP_NUM_THREADS you set is kept. N: N threads. Results depend "
-        "on the count, so the one a run trains with is saved in its checkpoints and a resume "
-        "takes it back.",
+    torch_threads: int | str | None = _help(
+        "Torch's CPU threads for this run. None (the default, as TRL; `none` as a flag): the "
+        "process's setting, one per core or OMP_NUM_THREADS. 'auto' (the CLI recipes' default): "
+        "the cores that are free when the trainer is built, so that a busy process beside the "
+        "run does not stall every operation (the demo's 8 steps beside one on 2 cores: 3.98x "
+        "their time alone with 2 threads, 1.36x with auto; docs/benchmarks.md); an "
+        "OMP_NUM_THREADS you set is kept. N: N threads. Results depend on the count, so the one "
+        "a run trains with is saved in its checkpoints and a resume takes it back.",
         None,
     )
 
