@@ -1,20 +1,17 @@
 """`torch_threads`: the free cores read from /proc/stat, the count chosen from them, the config's
-values, and a resume that takes back the count its checkpoint trained with."""
+values and the CLI's default (a resume taking back its checkpoint's count: run/test_resume.py)."""
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
 import torch
-from conftest import REPO_ROOT, char_codes, make_trainer
+from conftest import REPO_ROOT
 
 from grpo_plugin import GRPOConfig
 from grpo_plugin.training import cpu_threads
@@ -104,72 +101,6 @@ def test_a_bad_thread_count_is_one_line_naming_the_field(tmp_path, value):
         GRPOConfig(output_dir=str(tmp_path), torch_threads=value)
     assert str(bad.value).startswith(f"torch_threads={value!r} must be 'auto'")
     assert "\n" not in str(bad.value)
-
-
-RUN = dict(max_steps=4, save_strategy="steps", save_steps=2, learning_rate=3e-2)
-
-
-def trainer_for(tokenizer, out, **overrides):
-    return make_trainer(
-        tokenizer,
-        out.parent,
-        char_codes,
-        init_range=0.3,
-        output_dir=str(out),
-        **{**RUN, **overrides},
-    )
-
-
-def losses(out) -> list[float]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in rows if "loss" in r]
-
-
-@pytest.fixture(scope="module")
-def one_thread_run(tiny_tokenizer, tmp_path_factory):
-    """4 steps at one thread, with checkpoint-2 and checkpoint-4."""
-    before = torch.get_num_threads()
-    out = tmp_path_factory.mktemp("one-thread") / "out"
-    trainer_for(tiny_tokenizer, out, torch_threads=1).train()
-    torch.set_num_threads(before)
-    return out
-
-
-def resumed_copy(run, tmp_path):
-    out = tmp_path / "out"
-    shutil.copytree(run, out)
-    shutil.rmtree(out / "checkpoint-4")
-    return out
-
-
-def test_the_checkpoint_records_the_count_and_auto_resumes_with_it(
-    tiny_tokenizer, one_thread_run, tmp_path, monkeypatch, caplog
-):
-    record = json.loads((one_thread_run / "checkpoint-2" / "grpo_resume.json").read_text())
-    assert record["torch_threads"] == 1
-    out = resumed_copy(one_thread_run, tmp_path)
-    monkeypatch.setattr(cpu_threads, "free_cores", lambda: 2.0)  # the machine is idle now
-    torch.set_num_threads(2)
-    resumed = trainer_for(tiny_tokenizer, out, torch_threads="auto")
-    assert torch.get_num_threads() == 2  # a fresh run would take both cores
-    with caplog.at_level(logging.INFO, logger=LOGGER):
-        resumed.train(resume_from_checkpoint=True)
-    assert torch.get_num_threads() == 1
-    assert "torch threads: 1, as" in caplog.text
-    assert losses(out) == losses(one_thread_run)  # bit for bit, as if never interrupted
-    record = json.loads((out / "checkpoint-4" / "grpo_resume.json").read_text())
-    assert record["torch_threads"] == 1
-
-
-def test_an_explicit_other_count_on_resume_is_kept_and_warned_about(
-    tiny_tokenizer, one_thread_run, tmp_path, caplog
-):
-    out = resumed_copy(one_thread_run, tmp_path)
-    resumed = trainer_for(tiny_tokenizer, out, torch_threads=2, max_steps=3)
-    with caplog.at_level(logging.WARNING, logger=LOGGER):
-        resumed.train(resume_from_checkpoint=True)
-    assert torch.get_num_threads() == 2
-    assert "trained with 1 torch threads; this resume runs 2" in caplog.text
 
 
 def test_a_recipe_defaults_to_auto_and_a_flag_pins_it(tmp_path):

@@ -10,7 +10,10 @@ import logging
 import shutil
 
 import pytest
+import torch
 from conftest import char_codes, make_trainer
+
+from grpo_plugin.training import cpu_threads
 
 LOGGER = "grpo_plugin.training.run.resume"
 RUN = dict(max_steps=4, save_strategy="steps", save_steps=2, learning_rate=3e-2)
@@ -183,3 +186,50 @@ def test_a_checkpoint_of_an_older_version_resumes_with_a_warning(
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         trainer_for(tiny_tokenizer, out, num_generations=4).train(resume_from_checkpoint=True)
     assert "checkpoint-2 has no grpo_resume.json (an older version wrote it)" in caplog.text
+
+
+# --- torch_threads: the count a run trains with is kept by its resumes ------------------------------
+THREADS_LOGGER = "grpo_plugin.training.cpu_threads"
+
+
+@pytest.fixture(scope="module")
+def one_thread_run(tiny_tokenizer, tmp_path_factory):
+    """The 4-step run at one torch thread."""
+    before = torch.get_num_threads()
+    out = tmp_path_factory.mktemp("one-thread") / "out"
+    trainer_for(tiny_tokenizer, out, torch_threads=1).train()
+    torch.set_num_threads(before)
+    return out
+
+
+def test_auto_resumes_with_the_thread_count_its_checkpoint_recorded(
+    tiny_tokenizer, one_thread_run, tmp_path, monkeypatch, caplog
+):
+    record = json.loads((one_thread_run / "checkpoint-2" / "grpo_resume.json").read_text())
+    assert record["torch_threads"] == 1
+    out = copy_of(one_thread_run, tmp_path)
+    monkeypatch.setattr(cpu_threads, "free_cores", lambda: 2.0)  # the machine is idle now
+    torch.set_num_threads(2)
+    resumed = trainer_for(tiny_tokenizer, out, torch_threads="auto")
+    assert torch.get_num_threads() == 2  # a fresh run would take both cores
+    with caplog.at_level(logging.INFO, logger=THREADS_LOGGER):
+        resumed.train(resume_from_checkpoint=True)
+    assert torch.get_num_threads() == 1
+    assert "torch threads: 1, as" in caplog.text
+    same = ("loss", "reward", "grad_norm")  # bit for bit, as if never interrupted
+    assert [[r[k] for k in same] for r in lines(out)] == [
+        [r[k] for k in same] for r in lines(one_thread_run)
+    ]
+    record = json.loads((out / "checkpoint-4" / "grpo_resume.json").read_text())
+    assert record["torch_threads"] == 1
+
+
+def test_an_explicit_other_thread_count_on_resume_is_used_and_warned_about(
+    tiny_tokenizer, one_thread_run, tmp_path, caplog
+):
+    out = copy_of(one_thread_run, tmp_path)
+    resumed = trainer_for(tiny_tokenizer, out, torch_threads=2, max_steps=3)
+    with caplog.at_level(logging.WARNING, logger=THREADS_LOGGER):
+        resumed.train(resume_from_checkpoint=True)
+    assert torch.get_num_threads() == 2
+    assert "trained with 1 torch threads; this resume runs 2" in caplog.text
