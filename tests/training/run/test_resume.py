@@ -208,6 +208,7 @@ def test_auto_resumes_with_the_thread_count_its_checkpoint_recorded(
     record = json.loads((one_thread_run / "checkpoint-2" / "grpo_resume.json").read_text())
     assert record["torch_threads"] == 1
     out = copy_of(one_thread_run, tmp_path)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # set by the floors run: auto keeps it
     monkeypatch.setattr(cpu_threads, "free_cores", lambda: 2.0)  # the machine is idle now
     torch.set_num_threads(2)
     resumed = trainer_for(tiny_tokenizer, out, torch_threads="auto")
