@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import cpu_name
+
 ROOT = Path(__file__).resolve().parent.parent
 # name -> (beside the busy process, --torch_threads; None: the recipe's `auto`)
 CASES = {
@@ -45,14 +47,6 @@ CASES = {
     "alone-1": (False, 1),
     "busy-1": (True, 1),
 }
-
-
-def cpu_name() -> str:
-    """The CPU's model name and the flags that change our kernels' speed."""
-    info = Path("/proc/cpuinfo").read_text()
-    name = info.split("model name", 1)[1].split(":", 1)[1].split("\n", 1)[0].strip()
-    flags = [f for f in ("avx512_bf16", "amx_bf16") if f" {f}" in info]
-    return " ".join([name, *flags, f"{os.cpu_count()} cores"])
 
 
 class BusyProcess:
@@ -142,7 +136,8 @@ def main() -> None:
     p.add_argument("--out", default=None, help="write the figures here as JSON")
     opts = p.parse_args()
     env_extra = dict(item.split("=", 1) for item in opts.env)
-    report = {"date": time.strftime("%Y-%m-%d"), "cpu": cpu_name(), "env": env_extra,
+    cpu = f"{cpu_name()} {os.cpu_count()} cores"
+    report = {"date": time.strftime("%Y-%m-%d"), "cpu": cpu, "env": env_extra,
               "steps": None if opts.full else opts.steps, "cases": {}}  # fmt: skip
     work = "all the steps" if opts.full else f"{opts.steps} steps"
     print(f"{report['date']}, {report['cpu']}, {work} of {opts.recipe}", flush=True)

@@ -23,18 +23,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 
 import torch
-
-
-def cpu_name() -> str:
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
+from machine import cpu_name  # decode_engine and padding_free import it from here
 
 
 def write_report(report: dict, out: str | None) -> None:

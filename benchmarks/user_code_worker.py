@@ -18,11 +18,11 @@ Each figure is the median over `--rounds`; the CPU is named in the output.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import time
 
 import torch
+from machine import cpu_name
 
 from grpo_plugin.rollout import isolation
 from grpo_plugin.rollout.tools import Tool, run_calls, toolbox
@@ -51,17 +51,6 @@ def rollout(n: int, chars: int) -> tuple:
     completions = [[{"role": "assistant", "content": f"{text} {2 * i}"}] for i in range(n)]
     ids = [list(range(chars // 4)) for _ in range(n)]
     return prompts, completions, ids, {"answer": [2 * i for i in range(n)]}
-
-
-def cpu_name() -> str:
-    """The CPU's model name and the flags that change our kernels' speed."""
-    try:
-        info = open("/proc/cpuinfo").read()
-    except OSError:
-        return platform.machine()
-    name = info.split("model name", 1)[1].split(":", 1)[1].split("\n", 1)[0].strip()
-    flags = [f for f in ("avx512_bf16", "amx_bf16") if f" {f}" in info]
-    return " ".join([name, *flags])
 
 
 def ms(seconds: list[float]) -> str:

@@ -36,6 +36,21 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # The real GSM8K data lives beside the checkout (../shared), not in the public repository.
 GSM8K_DIR = REPO_ROOT.parent / "shared" / "data" / "gsm8k"
 
+# A recipe for `grpo-plugin train` on the `tiny_model_dir` model: 3 steps, LoRA, no checkpoints.
+TINY_CLI_RECIPE = """\
+model: {model}
+dataset: {{name: arithmetic, train_size: 8, eval_size: 4}}
+reward_funcs: [last_integer]
+eval: {{k: 0}}
+num_generations: 4
+per_device_train_batch_size: 8
+max_steps: 3
+max_completion_length: 4
+lora: {{r: 4, lora_alpha: 8, target_modules: all-linear}}
+save_strategy: "no"
+output_dir: {out}
+"""
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"

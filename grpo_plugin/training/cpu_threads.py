@@ -54,7 +54,9 @@ def _cpu_times(allowed: set[int], stat: Path) -> tuple[float, float]:
 def free_cores(seconds: float = SAMPLE_SECONDS, stat: Path = Path("/proc/stat")) -> float | None:
     """How many of this process's CPUs were idle over `seconds` (a VM's stolen time counts as
     busy); None where /proc/stat cannot be read."""
-    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    if not hasattr(os, "sched_getaffinity"):  # not Linux: no /proc/stat either
+        return None
+    allowed = os.sched_getaffinity(0)
     try:
         idle0, total0 = _cpu_times(allowed, stat)
         time.sleep(seconds)
@@ -73,6 +75,12 @@ def auto_threads(current: int, free: float | None) -> int:
     return max(1, min(current, int(free + 0.5)))
 
 
+def _follows_load(setting: int | str | None, processes: int) -> bool:
+    """Whether the count comes from the load: `auto`, with no OMP_NUM_THREADS the user set and
+    one process (in a multi-process launch each would count the others' load)."""
+    return setting == "auto" and not os.environ.get("OMP_NUM_THREADS") and processes == 1
+
+
 def choose(setting: int | str | None, processes: int = 1) -> tuple[int, str] | None:
     """(threads, why) for a run's `torch_threads`; None: leave the process as it is."""
     if setting is None:
@@ -80,9 +88,9 @@ def choose(setting: int | str | None, processes: int = 1) -> tuple[int, str] | N
     current = torch.get_num_threads()
     if setting != "auto":
         return int(setting), "torch_threads"
-    if os.environ.get("OMP_NUM_THREADS"):
-        return current, "auto keeps OMP_NUM_THREADS"
-    if processes > 1:  # each would count the others' load; the launcher sets the threads
+    if not _follows_load(setting, processes):
+        if os.environ.get("OMP_NUM_THREADS"):
+            return current, "auto keeps OMP_NUM_THREADS"
         return current, f"auto keeps each of {processes} processes' own"
     free = free_cores()
     threads = auto_threads(current, free)
@@ -107,14 +115,13 @@ def record(saved: dict[str, Any]) -> dict[str, Any]:
 
 
 def restore(saved: dict[str, Any] | None, args: Any, checkpoint: str) -> None:
-    """On resume: take back the checkpoint's thread count, unless one was set explicitly (then
-    warn that the resume is not bit-exact)."""
+    """On resume: take back the checkpoint's thread count where the load chose this one;
+    a count set otherwise is kept, with a warning that the resume is not bit-exact."""
     recorded = (saved or {}).get(RECORD_KEY)
     current = torch.get_num_threads()
     if recorded is None or recorded == current:
         return
-    explicit = args.torch_threads not in (None, "auto") or os.environ.get("OMP_NUM_THREADS")
-    if explicit or args.torch_threads is None:
+    if not _follows_load(args.torch_threads, args.world_size):
         logger.warning(
             "%s trained with %d torch threads; this resume runs %d, so its results differ from "
             "an uninterrupted run's in the last bits (set torch_threads: %d, or auto, to match).",

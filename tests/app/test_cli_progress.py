@@ -18,30 +18,17 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, TINY_CLI_RECIPE
 
 from grpo_plugin.training.progress import INTERVAL_ENV
 
-RECIPE = """\
-model: {model}
-dataset: {{name: arithmetic, train_size: 8, eval_size: 4}}
-reward_funcs: [last_integer]
-eval: {{k: 0}}
-num_generations: 4
-per_device_train_batch_size: 8
-max_steps: 3
-max_completion_length: 4
-lora: {{r: 4, lora_alpha: 8, target_modules: all-linear}}
-save_strategy: "no"
-output_dir: {out}
-"""
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 @pytest.fixture
 def recipe(tmp_path, tiny_model_dir) -> Path:
     path = tmp_path / "recipe.yaml"
-    path.write_text(RECIPE.format(model=tiny_model_dir, out=tmp_path / "out"))
+    path.write_text(TINY_CLI_RECIPE.format(model=tiny_model_dir, out=tmp_path / "out"))
     return path
 
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, TINY_CLI_RECIPE
 
 from grpo_plugin import GRPOConfig
 from grpo_plugin.training import cpu_threads
@@ -117,32 +117,27 @@ def test_a_recipe_defaults_to_auto_and_a_flag_pins_it(tmp_path):
     assert load_recipe(recipe, ["--torch_threads", "null"]).config.torch_threads is None
 
 
-TINY_RECIPE = """\
-model: {model}
-dataset: {{name: arithmetic, train_size: 8, eval_size: 4}}
-reward_funcs: [last_integer]
-eval: {{k: 0}}
-num_generations: 4
-per_device_train_batch_size: 8
-max_steps: 1
-max_completion_length: 4
-save_strategy: "no"
-report: false
-output_dir: {out}
-"""
-
-
 def test_the_cli_beside_a_busy_process_trains_with_a_thread_fewer(tmp_path, tiny_model_dir):
     cores = len(os.sched_getaffinity(0))
     if cores < 2:
         pytest.skip("one core: nothing to share")
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(TINY_RECIPE.format(model=tiny_model_dir, out=tmp_path / "out"))
+    recipe.write_text(TINY_CLI_RECIPE.format(model=tiny_model_dir, out=tmp_path / "out"))
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         run = subprocess.run(
-            [sys.executable, "-m", "grpo_plugin", "train", str(recipe)],
+            [
+                sys.executable,
+                "-m",
+                "grpo_plugin",
+                "train",
+                str(recipe),
+                "--max_steps",
+                "1",
+                "--report",
+                "false",
+            ],
             env={**env, "PYTHONPATH": str(REPO_ROOT)},
             capture_output=True,
             text=True,
