@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 TORCH_CPU ?= torch==2.13.0
 RECIPE ?= recipes/arithmetic.yaml
 
-.PHONY: install install-dev demo test test-floors lint format docs bench gpu-pack gpu-check
+.PHONY: install install-dev demo test test-reference test-floors lint format docs bench gpu-pack gpu-check
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -37,6 +37,13 @@ docs: install-dev
 
 test: install-dev lint docs
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15 tests
+	$(MAKE) --no-print-directory test-reference
+
+# The engine, rollout and trainer tests again with every fast path off (GRPO_PLUGIN_FAST_PATHS=0:
+# plain transformers + peft, the reference path); tests marked `fast_paths` skip there.
+test-reference: install-dev
+	GRPO_PLUGIN_FAST_PATHS=0 $(PY) -m pytest -q -p no:cacheprovider -m "not slow" \
+		tests/engine tests/rollout tests/training/test_trainer.py
 
 # The fast tests on the declared dependency floors, in a second venv (docs/dependencies.md).
 test-floors:

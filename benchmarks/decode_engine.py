@@ -56,9 +56,9 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from grpo_plugin.app.data import arithmetic_dataset
+    from grpo_plugin.engine.rollout_copy import RolloutCopy
     from grpo_plugin.models import embedded_cache_path
     from grpo_plugin.rollout.prompts import encode_prompts
-    from grpo_plugin.training.sampling.rollout_copy import RolloutCopy
 
     model = build_policy(None).to(opts.device)
     if opts.precision != "policy":

@@ -42,12 +42,11 @@ def batch(opts, tokenizer):
 
 
 def forward_backward(policy, tensors, group: int, packed: bool):
-    from grpo_plugin.core.logprobs import completion_logprobs
+    from grpo_plugin.engine.forward import completion_logprobs
 
     policy.zero_grad()
     start = time.perf_counter()
-    logps = completion_logprobs(policy, *tensors, chunk_size=128, group_size=group,
-                                share_prompt_prefix=True, padding_free=packed).logps  # fmt: skip
+    logps = completion_logprobs(policy, tensors, chunk_size=128, group_size=group, share_prompt_prefix=True, padding_free=packed).logps  # fmt: skip
     logps.sum().backward()
     seconds = time.perf_counter() - start
     grads = {n: p.grad.clone() for n, p in policy.named_parameters() if p.grad is not None}

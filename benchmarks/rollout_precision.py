@@ -101,9 +101,9 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from grpo_plugin.app.data import arithmetic_dataset
+    from grpo_plugin.engine.rollout_copy import RolloutCopy
     from grpo_plugin.models import embedded_cache_path
     from grpo_plugin.rollout.prompts import encode_prompts
-    from grpo_plugin.training.sampling.rollout_copy import RolloutCopy
 
     policy = build_policy(opts.adapter)
     tokenizer = AutoTokenizer.from_pretrained(str(embedded_cache_path()))

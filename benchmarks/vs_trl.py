@@ -121,6 +121,7 @@ def child_flags(opts, **overrides: Any) -> list[str]:
         "ours_src": opts.ours_src,
         "ours_rollout_precision": opts.ours_rollout_precision,
         "ours_torch_threads": opts.ours_torch_threads,
+        "ours_levers_off": opts.ours_levers_off,
         **overrides,
     }
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in values.items() if v is not None]
@@ -336,6 +337,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="ours: compile_decode=True (a static cache, the decode step compiled)")  # fmt: skip
     p.add_argument("--ours-padded", action="store_true",
                    help="ours: padding_free=False (the training forward over padded rows)")  # fmt: skip
+    p.add_argument("--ours-levers-off", default=None,
+                   help="ours: engine levers off, comma-separated (engine/levers.py), or 'all' "
+                        "(fast_paths=False, the reference path)")  # fmt: skip
     p.add_argument("--ours-src", default=None,
                    help="ours from this checkout's grpo_plugin (e.g. a git worktree): before/after")  # fmt: skip
     p.add_argument("--fixed-length", action="store_true",

@@ -216,6 +216,14 @@ def batch_split(opts) -> dict[str, int]:
     return {"per_device_train_batch_size": micro, "gradient_accumulation_steps": rows // micro}
 
 
+def levers_off(names: list[str]) -> None:
+    """Our engine's plan without these levers (engine/levers.py), for every trainer built here."""
+    import grpo_plugin.engine as engine
+
+    plan = engine.levers_for
+    engine.levers_for = lambda *a, **k: plan(*a, **k).only(**dict.fromkeys(names, False))
+
+
 def build_trainer(opts, dataset, output_dir: str):
     from peft import LoraConfig
 
@@ -250,6 +258,10 @@ def build_trainer(opts, dataset, output_dir: str):
             auto["padding_free"] = False
         if opts.ours_torch_threads:  # not passed to an older checkout's config
             auto["torch_threads"] = opts.ours_torch_threads
+        if opts.ours_levers_off == "all":  # not passed to an older checkout's config
+            auto["fast_paths"] = False
+        elif opts.ours_levers_off:
+            levers_off(opts.ours_levers_off.split(","))
         args = GRPOConfig(**shared, share_prompt_prefix=True, **auto)
     return GRPOTrainer(
         model=opts.model_dir,

@@ -1,8 +1,9 @@
 """The layers the folders show, enforced: what each layer may import, no cycles, small files.
 
 core/      pure torch            -> nothing above it
-rollout/   group sampling        -> core
-training/  trainer and its glue  -> core, rollout, reward_fns, models; inside it, rooms by
+engine/    the policy's forwards -> core (the fast paths, their checks, the rollout copy)
+rollout/   group sampling        -> core, engine
+training/  trainer and its glue  -> core, engine, rollout, reward_fns, models; inside it, rooms by
                                     concern on a ladder (TRAINING_ROOMS)
 app/       recipes, card, hub    -> everything below
 cli.py     argument parsing      -> imported by nothing in the library
@@ -20,8 +21,18 @@ from conftest import REPO_ROOT, load_script
 PACKAGE = REPO_ROOT / "grpo_plugin"
 LAYER_MAY_IMPORT = {
     "core": {"core", "_compat", "_logging"},
-    "rollout": {"core", "rollout", "_compat", "_logging"},
-    "training": {"core", "rollout", "training", "_compat", "_logging", "_version", "models"},
+    "engine": {"core", "engine", "_compat", "_logging"},
+    "rollout": {"core", "engine", "rollout", "_compat", "_logging"},
+    "training": {
+        "core",
+        "engine",
+        "rollout",
+        "training",
+        "_compat",
+        "_logging",
+        "_version",
+        "models",
+    },
 }
 
 
@@ -108,7 +119,6 @@ TRAINING_ROOMS: list[tuple[str, set[str], str]] = [
     ("distributed", set(), "processes: shards, gathers, launch checks"),
     ("metrics", set(), "the metrics window, zero-std watch, TRL-named reward metrics"),
     ("policy", {"model_checks"}, "loading the policy, reference, LoRA / QLoRA"),
-    ("cpu_memory", set(), "malloc keeps freed memory for the next step on a CPU"),
     ("cpu_threads", set(), "torch's CPU threads for a run: the free cores, kept on resume"),
     ("liger", set(), "use_liger_kernel, decided per case with TRL's reasons"),
     (
@@ -123,7 +133,7 @@ TRAINING_ROOMS: list[tuple[str, set[str], str]] = [
     ),
     (
         "run",
-        {"cpu_memory", "cpu_threads", "distributed", "metrics", "rewards"},
+        {"cpu_threads", "distributed", "metrics", "rewards"},
         "the run dir, checkpoints, resume, RunState",
     ),
     ("progress", set(), "what a person sees while a run works: live lines or plain ones"),
@@ -218,8 +228,6 @@ MAX_PARAMETERS = 6
 MANY_PARAMETERS_ALLOWED = {
     "training/trainer.py::GRPOTrainer.__init__": "TRL's public GRPOTrainer signature, kept so "
     "TRL scripts run unchanged",
-    "core/logprobs.py::completion_logprobs": "model + the 4 batch tensors, then keyword-only "
-    "forward options that each caller picks 0-9 of; an options object would only move them",
     "core/losses.py::policy_loss": "the objective's 5 tensors + LossParams; token_mask keyword; "
     "**settings is the documented keyword shortcut for LossParams",
     "training/evaluation/engine.py::evaluate": "keyword-only public eval API, one per "

@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import char_codes, make_tiny_model, make_trainer, tiny_lora
 
-from grpo_plugin.core.logprobs import completion_logprobs
+from grpo_plugin.engine.forward import completion_logprobs
 from grpo_plugin.rollout.generation import generate_groups
 from grpo_plugin.rollout.types import GenerationRequest, SamplingParams
 
@@ -57,10 +57,8 @@ def test_generation_and_the_training_forward_run_on_the_device_and_agree(tiny_to
     assert torch.equal(greedy.completion_ids, hf)
     b = shared
     tensors = (b.prompt_ids, b.prompt_mask, b.completion_ids, b.completion_mask)
-    plain_logps = completion_logprobs(model, *tensors).logps  # (N, Tc), fp32
-    shared_logps = completion_logprobs(
-        model, *tensors, group_size=4, share_prompt_prefix=True
-    ).logps
+    plain_logps = completion_logprobs(model, tensors).logps  # (N, Tc), fp32
+    shared_logps = completion_logprobs(model, tensors, group_size=4, share_prompt_prefix=True).logps
     assert plain_logps.device.type == DEVICE and plain_logps.dtype == torch.float32
     torch.testing.assert_close(shared_logps, plain_logps, atol=5e-5, rtol=0)
     mask = b.completion_mask.bool()

@@ -24,14 +24,14 @@ library internals: it calls these helpers.
 | `release_process_group`             | torch 2.13 gloo: a process group left to interpreter shutdown sometimes aborts a process that finished its work (SIGABRT, "terminate called without an active exception"; seen in ~2 of 13 two-process test runs, and once in CI after `destroy_process_group` alone: a finished trainer's DDP wrapper, kept by a reference cycle, still held the group) | torch destroys it cleanly at exit |
 | `reuse_freed_cpu_memory`            | glibc malloc hands every tensor over its mmap threshold (128 KB, rising to at most 32 MB) fresh pages and returns them on free, so each step's big CPU tensors page-fault again: a 75-MB subtraction took 20.6 ms fresh vs 7.1 ms into a reused buffer (18,433 faults; Xeon VM), about 0.4 s of a 3.5-s `short` step; torch has no CPU caching allocator | torch caches CPU allocations, as its CUDA allocator does |
 | `cpu_has_bf16_units`                | torch 2.13 tells a CPU's AVX512-BF16 / AMX only through private `torch.cpu._is_*_supported` | torch exposes CPU features publicly |
-| `PackedBf16Linear`, `bf16_packing_works` | torch 2.13 CPU: a bf16 `F.linear` reorders its weight into oneDNN's blocked layout on every call; only the private `torch.ops.mkldnn._reorder_linear_weight` / `_linear_pointwise` (what inductor's freezing uses) keep it packed: a 16-row decode step of SmolLM2-135M took 39.8 ms instead of 49.5 (Xeon AMX) | torch has a public prepacked CPU linear |
-| `rows_attention_for_packed_tokens` | transformers 5.25 attention functions take the batch layout of their inputs: a padding-free forward (real tokens packed into one row) would attend across every packed token. The SDPA entry of `AttentionInterface` is wrapped once (public `register`): a call that carries `packed_rows` (core/padding_free.py) runs its attention in the padded row layout; every other call is passed through unchanged | transformers attends per sequence in a packed row for SDPA (as it does for flash-attention's varlen) |
-| `fuse_lora_linears`                 | peft 0.21's LoRA `Linear.forward` scales `lora_B(lora_A(x))` and adds it to the base output in two more passes over `(tokens, out)` (and two in backward); one `addmm` accumulating into the base output does both: log-probs equal, about 6% of a `short` step with policy rollouts, no gain with a bf16 copy (Xeon, 2026-12-06). Set per layer as its `forward`; any non-plain case (DoRA, dropout, disabled or merged adapters, mixed batches, casts, hooks, DTensors, 4-bit) calls peft's own | peft fuses the adapter product into the base output |
 | `lora_init_known`, `LORA_INIT_OPTIONS` | peft 0.21 checks an `init_lora_weights` string only when it builds the adapter (after the model loaded); its list, to refuse an unknown one before | peft validates `init_lora_weights` in `LoraConfig` |
 | `lora_variant_fields`               | peft 0.21 picks a LoRA variant (DoRA, aLoRA, Arrow, MiCA, ...) from `LoraConfig` fields tagged `is_lora_variant` in their metadata (and `init_lora_weights` values listed there); read before the model loads, to refuse a rollout copy that cannot follow the variant | peft exposes a public "which variant" call on a config |
-| `LeanDecodeStep`                    | transformers 5.25 runs each one-token decode step through its mask builder, output-capturing and config-defaulting decorators and every layer's Hub-kernel and checkpointing wrappers: 30.9 ms per step of SmolLM2-135M's bf16 copy (16 rows), about 20 of them the weight products; the same operations on the same modules without that: 25.5 ms. Llama and Qwen2 (full attention, SDPA) only, without hooks, wrapped forwards or live dropout, and kept per model only where its first step equals transformers' logits bit for bit | transformers' decode step costs little beyond its operations (a compiled or graph-captured step) |
-| `fp16_weight_linear`, `set_fp16_weight` | torch 2.13 has a float16-weight linear with float32 compute on CPU (fbgemm) only in the deprecated `torch.ao` dynamic quantization, which warns on every layer | torch has a supported half-weight linear on CPU |
 | `moe_router_config` (`_of` a config), `moe_load_balancing_loss` | transformers 5.x MoE models keep the load-balancing loss in each modeling module and the expert counts on the `ForCausalLM` | transformers exposes one public aux-loss API |
+
+The policy's fast paths (`LeanDecodeStep`, `PackedBf16Linear`, `fp16_weight_linear`, the packed
+rows' SDPA entry, the fused LoRA forward) live in `grpo_plugin/engine/`, each a lever with an
+admission check against the reference path (`engine/levers.py`); they may read library internals
+there too.
 
 Private `transformers.Trainer` methods the trainer overrides (in `training/trainer.py`, the logic in
 `training/run/lifecycle.py`), checked against transformers 5.24:
@@ -59,17 +59,8 @@ import torch
 
 from .._logging import warn_once
 from .cache import cache_tensors, dynamic_cache_of  # noqa: F401  (re-exported: their row)
-from .decode_step import LeanDecodeStep  # noqa: F401  (re-exported: its row of the table)
-from .kernels import (  # noqa: F401  (re-exported: the CPU kernel rows of the table)
-    PackedBf16Linear,
-    bf16_packing_works,
-    fp16_weight_linear,
-    rows_attention_for_packed_tokens,
-    set_fp16_weight,
-)
 from .lora import (  # noqa: F401  (re-exported: their rows of the table)
     LORA_INIT_OPTIONS,
-    fuse_lora_linears,
     lora_init_known,
     lora_variant_fields,
 )

@@ -31,51 +31,19 @@ from typing import Any
 import torch
 
 from .._compat import (
-    LeanDecodeStep,
-    accepts_logits_to_keep,
-    cache_argument_name,
     can_drop_cache_rows,
     expand_cache,
     keep_bnb_4bit_weights_trainable,
-    last_position_to_keep,
-    output_cache,
     unwrap_peft,
 )
 from .._logging import warn_once
 from ..core.tensors import left_pad, position_ids_from_mask
+from ..engine.decode import Decoder
 from .noise import GeneratorNoise
 from .replaced_generate import generate_groups_with, replaced_generate
 from .sampler import DecodeTrace
 from .static_decode import prefill_then_decode_static
 from .types import Decoded, DecodeSpec, GenerationRequest, RolloutBatch
-
-
-class _Decoder:
-    """Runs the causal LM forward with an explicit cache and returns last-position float32 logits."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.model = unwrap_peft(model)
-        self.cache_arg = cache_argument_name(self.model)
-        self.keeps_last_only = accepts_logits_to_keep(self.model)
-        self.lean = LeanDecodeStep.of(self.model)  # one-token steps without transformers' wrapping
-
-    def __call__(self, input_ids, attention_mask, position_ids, cache=None):
-        if self.lean is not None and self.lean.takes(input_ids, cache):
-            logits = self.lean(input_ids, attention_mask, position_ids, cache, self._logits)
-            return logits, cache
-        return self._forward(input_ids, attention_mask, position_ids, cache)
-
-    def _logits(self, input_ids, attention_mask, position_ids, cache):
-        return self._forward(input_ids, attention_mask, position_ids, cache)[0]
-
-    def _forward(self, input_ids, attention_mask, position_ids, cache):
-        kwargs = {self.cache_arg: cache, "use_cache": True}
-        if self.keeps_last_only:
-            kwargs["logits_to_keep"] = last_position_to_keep(input_ids.size(1))
-        out = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
-        )
-        return out.logits[:, -1, :].float(), output_cache(out)  # (B, V)
 
 
 def _prefill(decoder, unique_ids, unique_mask, group_size, share):
@@ -169,7 +137,7 @@ def prefill_and_decode(
     unique_ids, unique_mask = left_pad(prompt_ids, spec.pad_token_id, device)  # (P, Lp)
     ids = unique_ids.repeat_interleave(group, 0)  # (N, Lp)
     mask = unique_mask.repeat_interleave(group, 0)  # (N, Lp)
-    decoder = _Decoder(model)
+    decoder = Decoder(model, spec.engine.levers)
     logits, cache, prefilled = _prefill(decoder, unique_ids, unique_mask, group, share)
     seen = None
     if spec.sampling.repetition_penalty != 1.0:
@@ -201,7 +169,7 @@ def continue_decoding(
     Positions come from the mask, so each row continues at its own length.
     """
     appended_ids, appended_mask = appended
-    decoder = _Decoder(model)
+    decoder = Decoder(model, spec.engine.levers)
     attention = torch.cat([attention, appended_mask], dim=1)  # (A, W + B)
     positions = position_ids_from_mask(attention)[:, -appended_ids.shape[1] :]  # (A, B)
     logits, cache = decoder(appended_ids, attention, positions, cache)

@@ -30,79 +30,15 @@ from typing import Any
 
 import torch
 
-from .._compat import (
-    accepts_logits_to_keep,
-    cache_argument_name,
-    static_cache_from,
-    unwrap_peft,
-)
+from .._compat import static_cache_from, unwrap_peft
 from .._logging import warn_once
+from ..engine.decode import StaticDecoder
 from .sampler import DecodeTrace
 from .types import Decoded, DecodeSpec
 
 logger = logging.getLogger(__name__)
 
 WIDTH_BUCKET = 64  # the static cache's width is a multiple of this
-_COMPILED: dict[str, Any] = {}  # torch.compile mode -> the compiled `_decode_step`
-_SHAPES_SEEN: set[tuple] = set()  # (model id, rows, width, mode) already compiled
-
-
-def _decode_step(model, ids, mask, positions, options: dict[str, Any]):
-    """One forward of `ids` `(A, 1)` at `positions` `(A, 1)` over `mask` `(A, W)` (`options`:
-    the cache under the model's argument name, `use_cache`, `logits_to_keep`): the last
-    position's float32 logits `(A, V)`. The cache is updated in place."""
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, **options)
-    return out.logits[:, -1, :].float()
-
-
-class StaticDecoder:
-    """The model's decode step at fixed shapes, eager or compiled: `(ids, mask, positions,
-    cache) -> (logits (A, V), cache)`, the same interface as `generation._Decoder`."""
-
-    def __init__(self, model: torch.nn.Module, compile: bool, width: int) -> None:
-        self.model = unwrap_peft(model)
-        self.width = width  # the static cache's columns
-        self.cache_arg = cache_argument_name(self.model)
-        self.last_only = accepts_logits_to_keep(self.model)
-        self.device = next(self.model.parameters()).device
-        self.mode = (
-            ("reduce-overhead" if self.device.type == "cuda" else "default") if compile else ""
-        )
-        self.step = _compiled(self.mode) if compile else _decode_step
-        if compile and self.device.type == "cpu":
-            warn_once(
-                "compile-cpu",
-                "compile_decode on a CPU: measured slower or barely faster than the eager loop "
-                "on a 2-core EPYC (0.91x at 24 tokens, 1.21x at 128, 1.40x with an fp16 rollout "
-                "copy; docs/benchmarks.md); it is meant for GPUs (CUDA graphs).",
-            )
-
-    def announce(self, rows: int) -> None:
-        """Log, once per shape, that the next step compiles (a minute on a small CPU)."""
-        key = (id(self.model), rows, self.width, self.mode)
-        if self.mode and key not in _SHAPES_SEEN:
-            _SHAPES_SEEN.add(key)
-            logger.info(
-                "compile_decode: compiling the decode step for %d rows x %d cache columns "
-                "(once per shape; about a minute on a 2-core CPU)",
-                rows,
-                self.width,
-            )
-
-    def __call__(self, ids, mask, positions, cache):
-        options = {self.cache_arg: cache, "use_cache": True}
-        if self.last_only:
-            options["logits_to_keep"] = 1
-        logits = self.step(self.model, ids, mask, positions, options)
-        # CUDA graphs reuse their output buffer at the next replay: keep our own logits
-        return (logits.clone() if self.mode == "reduce-overhead" else logits), cache
-
-
-def _compiled(mode: str):
-    if mode not in _COMPILED:
-        options = {} if mode == "default" else {"mode": mode}
-        _COMPILED[mode] = torch.compile(_decode_step, dynamic=False, **options)
-    return _COMPILED[mode]
 
 
 def static_width(prompt_width: int, max_new_tokens: int) -> int:

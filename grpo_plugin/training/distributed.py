@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from .._compat import fsdp2_parameters_held
-from ..core.prompt_grad import SharedPromptGrad
+from ..engine.prompt_grad import SharedPromptGrad
 from ..rollout.dynamic_sampling import concat_rollouts
 from ..rollout.types import Rollout
 
@@ -254,7 +254,7 @@ def shares_prefix(accelerator, requested: bool) -> bool:
 
 def held_prompt(accelerator, args, held: SharedPromptGrad) -> SharedPromptGrad | None:
     """`held` when a training micro-batch is one part of a group, so the group's prompt is encoded
-    once for all its micro-batches (core/prompt_grad.py); else None. One process only: the held
+    once for all its micro-batches (engine/prompt_grad.py); else None. One process only: the held
     prompt's backward is a second backward pass in the step, which DDP's reducer refuses."""
     micro, group = args.per_device_train_batch_size, args.num_generations
     if not (2 <= micro < group and group % micro == 0 and torch.is_grad_enabled()):

@@ -4,7 +4,7 @@ variant, the device). Each raises ValueError with one line naming the field and 
 trainer and the recipe checks (so `--dry-run`) both run them.
 
 Before these, `--lora.r 0` failed inside peft once the model had loaded, and a copy the policy
-cannot have failed in `check_copyable` once it had loaded (`sampling/rollout_copy.py`, which
+cannot have failed in `check_copyable` once it had loaded (`engine/rollout_copy.py`, which
 still checks the loaded model: a model passed in already loaded is only known there).
 `check_against_model_config` needs the model's config (the recipe checks read it before the
 weights; the trainer does not, and peft and transformers report those after the load).

@@ -21,7 +21,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from .._compat import (
-    fuse_lora_linears,
     moe_router_config,
     set_training_flags,
     training_flags,
@@ -284,7 +283,6 @@ def load_trainer_policy(
         gradient_checkpointing=args.gradient_checkpointing,
         disable_dropout=args.disable_dropout,
     )
-    fuse_lora_linears(model)  # peft's LoRA forward in one product per adapter (exact)
     if args.cast_lm_head_to_fp32:
         cast_lm_head_to_fp32(model)  # before the reference copy, which inherits it
     warn_on_half_precision_training(model)

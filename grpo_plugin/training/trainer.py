@@ -9,7 +9,7 @@
         _add_policy_logps            old and reference log-probs, only when needed
         write_completions            completions/step_XXXXX.parquet (completions_log.py)
         _shuffle_for_reuse           group-preserving shuffle when the rollout is reused
-    compute_loss(batch)            log-probs (core/logprobs.py) -> the loss (objective.py: policy_loss
+    compute_loss(batch)            log-probs (engine/forward.py) -> the loss (objective.py: policy_loss
                                    of core/, entropy terms, MoE router loss)
 
 How it differs from TRL's trainer: each distinct prompt is prefilled once and its KV cache shared by
@@ -31,8 +31,8 @@ import torch
 from transformers import PreTrainedModel, Trainer
 
 from ..core.batching import identity_collate, shared_group_size
-from ..core.logprobs import CompletionLogprobs, completion_logprobs
-from ..core.prompt_grad import SharedPromptGrad
+from ..engine import CompletionLogprobs, CompletionTokens, PolicyEngine
+from ..engine.prompt_grad import SharedPromptGrad
 from ..rollout.dynamic_sampling import refill
 from ..rollout.noise import KeyedNoise, RolloutKey
 from ..rollout.types import Rollout, TrainingBatch
@@ -118,9 +118,12 @@ class GRPOTrainer(TRLAttributes, TrainerLoaders, Trainer):
         self._hub_token, args.hub_token = args.hub_token, None  # never saved with the args
         self.model_name = str(model_name)
         self.dataset_names: list[str] = []
+        # the policy's engine: which fast paths its forwards take on this device (engine/)
+        self.engine = PolicyEngine.build(args.device, args.fast_paths)
         model, processing_class = load_trainer_policy(
             model, processing_class, peft_config, args, init_kwargs, self.model_name
         )
+        self.engine.prepare_policy(model)  # the fused LoRA forward, admitted by its check
         check_prompt_lengths_of(train_dataset, processing_class, model.config, args)
         self.ref_model = build_reference(model, args.beta)
         self.tool_setup = tool_inputs.setup(processing_class, args)  # the template is checked
@@ -285,24 +288,27 @@ class GRPOTrainer(TRLAttributes, TrainerLoaders, Trainer):
         """`sharing`: (rows per shared prompt, share at all); default the training micro-batch's."""
         group, share = sharing or (self._share_group, self.args.share_prompt_prefix)
         held = distributed.held_prompt(self.accelerator, self.args, self._held_prompt)
-        return completion_logprobs(
-            model,
+        a, objective = self.args, self._objective
+        options = self.engine.options(
+            temperature=a.temperature,
+            chunk_size=a.logprob_chunk_size,
+            group_size=group,
+            share_prompt_prefix=distributed.shares_prefix(self.accelerator, share),
+            padding_free=a.padding_free,
+            pad_to_multiple_of=a.pad_to_multiple_of,
+            return_entropy=entropy,
+            entropy_grad=loss and objective.needs_entropy_grad,
+            return_aux_loss=loss and objective.needs_aux_loss,
+        )
+        tokens = CompletionTokens(
             batch.prompt_ids,
             batch.prompt_mask,
             batch.completion_ids,
             batch.completion_mask,
-            score_mask=batch.sampled_mask,  # with tools: log-probs of sampled tokens only
-            temperature=self.args.temperature,
-            chunk_size=self.args.logprob_chunk_size,
-            group_size=group,
-            share_prompt_prefix=distributed.shares_prefix(self.accelerator, share),
-            return_entropy=entropy,
-            entropy_grad=loss and self._objective.needs_entropy_grad,
-            pad_to_multiple_of=self.args.pad_to_multiple_of,
-            return_aux_loss=loss and self._objective.needs_aux_loss,
-            shared_prompt=held if loss and sharing is None and model.training else None,
-            padding_free=self.args.padding_free,
+            batch.sampled_mask,  # with tools: log-probs of sampled tokens only
         )
+        shared_prompt = held if loss and sharing is None and model.training else None
+        return self.engine.logprobs(model, tokens, options, shared_prompt)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         start = time.perf_counter()

@@ -11,7 +11,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from grpo_plugin.core.logprobs import completion_logprobs
+from grpo_plugin.engine.forward import completion_logprobs
 from grpo_plugin.rollout.generation import generate_groups
 from grpo_plugin.rollout.sampler import (
     apply_repetition_penalty,
@@ -69,7 +69,7 @@ def test_shared_prefix_is_exact_and_prefills_each_prompt_once(tiny_tokenizer, ti
     assert not torch.equal(shared.completion_ids[0], shared.completion_ids[1])
     logps = [
         completion_logprobs(
-            tiny_model, b.prompt_ids, b.prompt_mask, b.completion_ids, b.completion_mask
+            tiny_model, (b.prompt_ids, b.prompt_mask, b.completion_ids, b.completion_mask)
         ).logps
         for b in (shared, plain)
     ]
@@ -174,7 +174,8 @@ def test_mode_is_kept_and_outputs_can_enter_autograd(tiny_tokenizer, tiny_model)
     assert tiny_model.training
     assert not batch.completion_ids.is_inference()
     logps = completion_logprobs(
-        tiny_model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask
+        tiny_model,
+        (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask),
     ).logps
     logps.sum().backward()
     assert tiny_model.lm_head.weight.grad.abs().sum() > 0

@@ -272,16 +272,15 @@ def multiply_schema():
 
 
 def test_the_training_forward_scores_the_whole_exchange_with_the_prompt_shared(tiny_tokenizer):
-    from grpo_plugin.core.logprobs import completion_logprobs
+    from grpo_plugin.engine.forward import completion_logprobs
 
     _, rollout = run(tiny_tokenizer, multiply_script, setup_for(tiny_tokenizer, multiply))
     b = rollout.batch
     model = scripted_llama(tiny_tokenizer, multiply_script, init=INIT)
     tensors = (b.prompt_ids, b.prompt_mask, b.completion_ids, b.completion_mask)
     with torch.no_grad():
-        shared = completion_logprobs(model, *tensors, group_size=2, share_prompt_prefix=True,
-                                        score_mask=b.sampled_mask).logps  # fmt: skip
-        plain = completion_logprobs(model, *tensors, score_mask=b.sampled_mask).logps
+        shared = completion_logprobs(model, (*tensors, b.sampled_mask), group_size=2, share_prompt_prefix=True).logps  # fmt: skip
+        plain = completion_logprobs(model, (*tensors, b.sampled_mask)).logps
     assert (shared - plain).abs().max() < 1e-5
     assert shared[b.sampled_mask == 0].abs().max() == 0  # tool results and glue are not scored
     assert shared[b.sampled_mask == 1].abs().min() > 0

@@ -137,7 +137,8 @@ def test_engine_settings_are_checked():
 
 
 @pytest.mark.slow
-def test_the_compiled_step_samples_the_same_tokens(tiny_tokenizer, tiny_model):
+def test_the_compiled_step_samples_the_same_tokens(tiny_tokenizer, tiny_model, caplog):
+    caplog.set_level("INFO", logger="grpo_plugin.engine.decode")
     prompts = _prompts(tiny_tokenizer)
     eos = [2, _early_eos(tiny_model, prompts)]
     dynamic = generate_groups(tiny_model, prompts, _request(DecodeEngine(), eos))
@@ -145,3 +146,5 @@ def test_the_compiled_step_samples_the_same_tokens(tiny_tokenizer, tiny_model):
     assert torch.equal(compiled.completion_ids, dynamic.completion_ids)
     assert torch.equal(compiled.completion_mask, dynamic.completion_mask)
     torch.testing.assert_close(compiled.sampling_logps, dynamic.sampling_logps, atol=1e-4, rtol=0)
+    said = [r.getMessage() for r in caplog.records if r.name == "grpo_plugin.engine.decode"]
+    assert len([m for m in said if "compilation included" in m]) == 1  # its one-time cost

@@ -249,7 +249,7 @@ def sharded_policy_step(model, tokenizer, prompt_index: int, accelerator=None, r
     """Sample G=8 completions of global prompt `prompt_index` (keyed draws) `rounds` times, as a
     dynamic-sampling refill would, then backpropagate their summed log-probs through the policy
     as the trainer does. Returns the completion ids."""
-    from grpo_plugin.core.logprobs import completion_logprobs
+    from grpo_plugin.engine.forward import completion_logprobs
     from grpo_plugin.rollout.noise import KeyedNoise, RolloutKey
     from grpo_plugin.rollout.prompts import sample_groups
     from grpo_plugin.rollout.types import GroupSampling, SamplingParams
@@ -269,7 +269,7 @@ def sharded_policy_step(model, tokenizer, prompt_index: int, accelerator=None, r
 
     def logps(policy):
         ids = (b.prompt_ids, b.prompt_mask, b.completion_ids, b.completion_mask)
-        return completion_logprobs(policy, *ids, group_size=8, share_prompt_prefix=share).logps
+        return completion_logprobs(policy, ids, group_size=8, share_prompt_prefix=share).logps
 
     forward_through(accelerator, model, logps).sum().backward()
     return b.completion_ids

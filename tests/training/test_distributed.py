@@ -198,7 +198,7 @@ def test_a_prompt_is_held_across_micro_batches_only_where_it_is_exact_and_allowe
 ):
     import torch
 
-    from grpo_plugin.core.prompt_grad import SharedPromptGrad
+    from grpo_plugin.engine.prompt_grad import SharedPromptGrad
 
     args = SimpleNamespace(
         per_device_train_batch_size=micro, num_generations=group, share_prompt_prefix=share

@@ -7,7 +7,7 @@ import torch
 from conftest import make_tiny_model, make_tiny_tokenizer
 from peft import LoraConfig
 
-from grpo_plugin.core.logprobs import completion_logprobs
+from grpo_plugin.engine.forward import completion_logprobs
 from grpo_plugin.training.policy import (
     build_reference,
     cast_lm_head_to_fp32,
@@ -26,7 +26,7 @@ PRECISION_WARNING = "no float32 master copy"
 def logps(model, prompt, completion):
     pm, cm = torch.ones_like(prompt), torch.ones_like(completion)
     with torch.no_grad():
-        return completion_logprobs(model, prompt, pm, completion, cm).logps
+        return completion_logprobs(model, (prompt, pm, completion, cm)).logps
 
 
 def test_reference_is_the_base_model_with_the_adapter_off(tiny_tokenizer, tmp_path):

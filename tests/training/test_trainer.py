@@ -391,7 +391,7 @@ def test_a_group_over_two_micro_batches_trains_as_when_each_encodes_its_prompt(
     tiny_tokenizer, tmp_path, monkeypatch
 ):
     """G=8 rows in micro-batches of 4: the prompt is encoded once per group (not once per
-    micro-batch), with the same losses and LoRA weights after 2 steps (core/prompt_grad.py)."""
+    micro-batch), with the same losses and LoRA weights after 2 steps (engine/prompt_grad.py)."""
     from conftest import assert_same_training, tiny_lora
 
     from grpo_plugin.training import distributed

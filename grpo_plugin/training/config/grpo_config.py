@@ -37,6 +37,8 @@ from transformers import TrainingArguments
 
 from ...core.objectives import LossParams
 from ...core.sampling_correction import CorrectionParams
+from ...engine.levers import Levers, default_levers
+from ...engine.plan import decode_compiled
 from ...rollout.chat_tools import DEFAULT_TOOL_TEMPLATE
 from ...rollout.multiturn import DEFAULT_MAX_TOOL_RESULT_CHARS, DEFAULT_TOOL_TIMEOUT_S
 from ...rollout.types import DecodeEngine, SamplingParams
@@ -273,16 +275,17 @@ class GRPOConfig(TrainingArguments):
         "host between checks (what compile_decode and CUDA graphs need); the same tokens. "
         "Single-turn rollouts only (not with tools or a rollout_func).",
     )
-    compile_decode: bool = _help(
+    compile_decode: bool | None = _help(
         "torch.compile the rollouts' decode step (implies cache_implementation='static'; CUDA "
-        "graphs on a GPU). It compiles once per shape (rows x cache width, rounded up to 64 "
-        "columns), half a minute to a minute on a 2-core CPU for SmolLM2-135M. Meant for GPUs: "
-        "on a 2-core EPYC a rollout took 0.91x the eager time at 24 tokens and 1.21x at 128 "
-        "(docs/benchmarks.md), so on a CPU it warns. On an H200 a 16 x 128-token rollout took "
-        "0.25x the eager time after a 44-s compilation (docs/gpu-check.md). Compiled kernels "
-        "round differently in the last bits, so a draw at a token boundary can differ from the "
-        "eager loop's.",
-        False,
+        "graphs on a GPU). None (the default): on for single-turn rollouts on CUDA with "
+        "fast_paths, off elsewhere. It compiles once per shape (rows x cache width, rounded up "
+        "to 64 columns), half a minute to a minute on a 2-core CPU for SmolLM2-135M; the first "
+        "step of each shape logs its time. On a 2-core EPYC a rollout took 0.91x the eager time "
+        "at 24 tokens and 1.21x at 128 (docs/benchmarks.md), so True on a CPU warns. On an H200 "
+        "a 16 x 128-token rollout took 0.25x the eager time after a 44-s compilation "
+        "(docs/gpu-check.md). Compiled kernels round differently in the last bits, so a draw at "
+        "a token boundary can differ from the eager loop's.",
+        None,
     )
     sampling_correction: bool = _help(
         "With a rollout copy (rollout_precision != 'policy'), weight each token's policy loss by "
@@ -467,7 +470,7 @@ class GRPOConfig(TrainingArguments):
         "Run each distinct prompt through the model once and share its KV cache with its G "
         "completions, in generation and in the training forward (exact; faster). When "
         "per_device_train_batch_size divides num_generations, a group's micro-batches share "
-        "one encoding of the prompt too (one process; core/prompt_grad.py).",
+        "one encoding of the prompt too (one process; engine/prompt_grad.py).",
         True,
     )
     padding_free: bool = _help(
@@ -510,6 +513,16 @@ class GRPOConfig(TrainingArguments):
         None,
     )
 
+    fast_paths: bool = _help(
+        "Let the policy's engine take its fast paths (grpo_plugin/engine/levers.py: the fused "
+        "LoRA forward, the frozen LM head's gradient, the shared prompt, padding-free packing, "
+        "the lean decode step, oneDNN-packed bf16 weights, malloc reuse), each checked against "
+        "the reference path the first time it meets the model and turned off (one log line) "
+        "where it differs. False: every forward runs plain transformers + peft (the reference "
+        "path; slower, for debugging or to compare). The environment variable "
+        "GRPO_PLUGIN_FAST_PATHS=0 does the same for every run.",
+        True,
+    )
     # JSON strings `{...}` of these become dicts in TrainingArguments.__post_init__
     _VALID_DICT_FIELDS = TrainingArguments._VALID_DICT_FIELDS + [
         "generation_kwargs",
@@ -615,11 +628,13 @@ class GRPOConfig(TrainingArguments):
             suppress_tokens=tuple((self.generation_kwargs or {}).get("suppress_tokens") or ()),
         )
 
-    def decode_engine(self) -> DecodeEngine:
-        """How the rollouts' decode loop runs (`cache_implementation`, `compile_decode`)."""
-        return DecodeEngine(
-            static_cache=self.cache_implementation == "static", compile=self.compile_decode
-        )
+    def decode_engine(self, levers: Levers | None = None, device: Any = "cpu") -> DecodeEngine:
+        """How the rollouts' decode loop runs (`cache_implementation`, `compile_decode`; None:
+        the device's plan, engine/plan.py) with the decode step's `levers`."""
+        compile = decode_compiled(self.compile_decode, device, self.fast_paths)
+        static = self.cache_implementation == "static"
+        levers = levers or default_levers(self.fast_paths)
+        return DecodeEngine(static_cache=static, compile=compile, levers=levers)
 
     def loss_params(self) -> LossParams:
         """The policy loss's hyperparameters (validated by `LossParams`)."""

@@ -30,11 +30,11 @@ the totals are gathered: every metric is that of one process evaluating the whol
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from ...core.logprobs import completion_logprobs
 from ...core.objectives import policy_loss
 from ...rollout.dynamic_sampling import informative_groups
 from ...rollout.types import Rollout
@@ -162,21 +162,21 @@ class SetEvaluator(EvalEngine):
         else:
             advantages = torch.zeros(len(rollout.completions), 1)
         loss_mask = b.loss_mask(a.mask_truncated_completions)  # (N, Tc)
-        tensors = (b.prompt_ids, b.prompt_mask, b.completion_ids, b.completion_mask)
-        options = dict(
+        tokens = (b.prompt_ids, b.prompt_mask, b.completion_ids, b.completion_mask, b.sampled_mask)
+        engine = self.trainer.engine
+        options = engine.options(
             temperature=a.temperature,
             chunk_size=a.logprob_chunk_size,
             group_size=k,
             share_prompt_prefix=a.share_prompt_prefix and k > 1,
-            score_mask=b.sampled_mask,
         )
         model = self.target.model
-        out = completion_logprobs(model, *tensors, return_entropy=True, **options)
+        out = engine.logprobs(model, tokens, replace(options, return_entropy=True))
         logps, entropy = out.logps, out.entropy
         ref_logps = None
         if a.beta > 0:
             with reference_mode(model, self.trainer.ref_model) as reference:
-                ref_logps = completion_logprobs(reference, *tensors, **options).logps
+                ref_logps = engine.logprobs(reference, tokens, options).logps
         loss, stats = policy_loss(
             logps,
             None,

@@ -12,7 +12,7 @@ into a checkpoint, checkpoints written atomically.
                            alone, its refusal raised on every process
       plan_batch           auto_find_batch_size: the micro-batch that fits (autopilot.py),
                            applied by the trainer through the config's batch-size checks
-      cpu_memory.prepare   cpu_memory_reuse: malloc keeps freed memory, LM-head chunks < 32 MB
+      cpu_memory.prepare   (engine/memory.py) cpu_memory_reuse: malloc keeps freed memory, LM-head chunks < 32 MB
       handlers_installed   SIGTERM / Ctrl-C -> save and stop (preemption.py)
       Trainer.train        (its `_save_checkpoint` goes through `save_checkpoint` below;
                            `skip_when_done`: a checkpoint at max_steps trains no further step)
@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import cpu_memory
+from ...engine import memory as cpu_memory
 from ..distributed import on_main_process
 from . import checkpoints, timeline
 from . import lock as run_lock
@@ -69,7 +69,8 @@ def train(trainer: Any, base_train: Callable[..., Any], resume: str | bool | Non
     try:
         if a.auto_find_batch_size:  # before the first step (autopilot.py)
             trainer.plan_batch(checkpoint)
-        cpu_memory.prepare(trainer)  # after the autopilot's chunk: it may cut it further
+        # after the autopilot's chunk: it may cut it further
+        cpu_memory.prepare(a, trainer.model, trainer.engine.levers)
         guard = PreemptionCallback(trainer.accelerator)
         trainer.add_callback(guard)
         try:

@@ -15,26 +15,29 @@ from __future__ import annotations
 
 import copy
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from ...core.tensors import left_pad
+from ...engine.levers import Levers
+from ...engine.rollout_copy import RolloutCopy, check_copyable, resolve_precision
 from ...rollout.multiturn import ToolSetup
 from ...rollout.noise import SamplingNoise
 from ...rollout.prompts import eos_token_ids, sample_groups
-from ...rollout.types import GroupSampling, Rollout, RolloutBatch
+from ...rollout.types import DecodeEngine, GroupSampling, Rollout, RolloutBatch
 from . import overlap
-from .rollout_copy import RolloutCopy, check_copyable, resolve_precision
 
 REQUIRED_KEYS = ("prompt_ids", "completion_ids", "logprobs")
 
 
 def group_sampling(
-    args: Any, tools: ToolSetup | None = None, record_logprobs: bool = False
+    args: Any, tools: ToolSetup | None = None, record_logprobs: bool = False, engine: Any = None
 ) -> GroupSampling:
     """The `GroupSampling` of a `GRPOConfig`: its sampling params, G, prompt length, template
-    kwargs and prefix sharing, with the run's `tools`. (A function here, not a config method, so
+    kwargs and prefix sharing, with the run's `tools` and the decode loop of `engine` (a
+    `DecodeEngine`; default: the config's on a CPU). (A function here, not a config method, so
     the config stays a plain list of fields.)"""
     return GroupSampling(
         sampling=args.sampling_params(),
@@ -44,8 +47,18 @@ def group_sampling(
         share_prompt_prefix=args.share_prompt_prefix,
         record_logprobs=record_logprobs,  # a rollout copy's, for the sampling correction
         tools=tools,
-        engine=args.decode_engine(),
+        engine=engine or args.decode_engine(),
     )
+
+
+def decode_engine(args: Any, levers: Levers, device: Any, single_turn: bool) -> DecodeEngine:
+    """The rollouts' decode loop on `device` with the decode step's `levers`: compiled where
+    `compile_decode` says so, or (None, the default) where the device's plan says so (CUDA,
+    engine/plan.py) and the rollouts are `single_turn` (no tools, no rollout_func)."""
+    engine = args.decode_engine(levers, device)
+    if args.compile_decode is None and not single_turn:
+        engine = replace(engine, compile=False)
+    return engine
 
 
 class RolloutSampler:
@@ -69,17 +82,24 @@ class RolloutSampler:
                 return model
             check_copyable(model, precision)
             # compile_decode traces the copy's layers: plain ones, not oneDNN-packed ones
-            self.copy = RolloutCopy(precision, pack=not self.trainer.args.compile_decode)
+            pack = self.trainer.engine.levers.packed_bf16 and not self._decode_engine().compile
+            self.copy = RolloutCopy(precision, pack=pack)
         if self.copy is None:
             return model
         return self.copy.refresh(model, self.trainer.state.global_step)  # new at each step
+
+    def _decode_engine(self) -> DecodeEngine:
+        single_turn = self.rollout_func is None and self.tool_setup is None
+        trainer = self.trainer
+        return decode_engine(trainer.args, trainer.engine.levers, trainer.args.device, single_turn)
 
     def sample(self, model, rows: list[dict[str, Any]], noise: SamplingNoise, on_step=None):
         a, tokenizer = self.trainer.args, self.trainer.processing_class
         if self.rollout_func is not None:
             return rollout_from_func(self.rollout_func, rows, self.trainer, a.num_generations)
         model = self._rollout_model(model)
-        settings = group_sampling(a, self.tool_setup, record_logprobs=self.copy is not None)
+        copied = self.copy is not None
+        settings = group_sampling(a, self.tool_setup, copied, self._decode_engine())
         try:
             return sample_groups(model, tokenizer, rows, settings, noise=noise, on_step=on_step)
         finally:

@@ -1,4 +1,4 @@
-"""grpo_plugin._compat.decode_step: the lean decode step gives transformers' logits bit for bit
+"""grpo_plugin.engine.decode_step: the lean decode step gives transformers' logits bit for bit
 on the models it mirrors, proves it on each model's first step, and leaves every other model
 (and any step it gets wrong) to transformers' forward."""
 
@@ -12,11 +12,14 @@ from conftest import make_tiny_model, make_tiny_tokenizer
 from peft import LoraConfig, get_peft_model
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
-from grpo_plugin._compat import LeanDecodeStep, cache_argument_name, output_cache, unwrap_peft
-from grpo_plugin._compat import decode_step as module
-from grpo_plugin.rollout import generation
+from grpo_plugin._compat import cache_argument_name, output_cache, unwrap_peft
+from grpo_plugin.engine import decode_step as module
+from grpo_plugin.engine.decode_step import LeanDecodeStep
+from grpo_plugin.engine.levers import Levers, verdict
 from grpo_plugin.rollout.generation import generate_groups
-from grpo_plugin.rollout.types import GenerationRequest, SamplingParams
+from grpo_plugin.rollout.types import DecodeEngine, GenerationRequest, SamplingParams
+
+pytestmark = pytest.mark.fast_paths  # asserts the fast path ran (or declined)
 
 
 def _llama():
@@ -75,7 +78,7 @@ def test_the_lean_step_gives_transformers_logits_and_cache_bit_for_bit(build, pa
             expected = reference(token, attention, positions, hf_cache)
             assert torch.equal(lean, expected)
             token = expected.argmax(-1, keepdim=True)
-    assert module._VERDICTS[model] is True
+    assert verdict("lean_decode", model) is True
     for ours, theirs in zip(lean_cache.layers, hf_cache.layers, strict=True):
         assert ours.keys.shape[2] == attention.shape[1]  # one column per step, no more
         assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values)
@@ -102,7 +105,7 @@ def test_a_step_that_is_not_exact_is_dropped_after_its_first_step(monkeypatch, b
                 token, attention, positions, cache, lambda *a: calls.append(1) or reference(*a)
             )
             assert torch.equal(logits, reference(token, attention, positions, hf_cache))
-    assert module._VERDICTS[model] is False and len(calls) == 2  # the reference, both steps
+    assert verdict("lean_decode", model) is False and len(calls) == 2  # the reference, both steps
     assert all(layer.keys.shape[2] == attention.shape[1] for layer in cache.layers)
     assert LeanDecodeStep.of(model) is None  # the verdict stays with the model
 
@@ -164,20 +167,21 @@ def test_only_one_token_steps_on_a_plain_dynamic_cache_take_it():
     assert not step.takes(torch.ones(3, 1, dtype=torch.long), DynamicCache())  # no layers yet
 
 
-def test_the_decode_loop_samples_the_same_tokens_with_it_and_without(monkeypatch):
+@pytest.mark.fast_paths
+def test_the_decode_loop_samples_the_same_tokens_with_it_and_without():
     model, tokenizer = _llama(), make_tiny_tokenizer()
     prompts = [tokenizer("12+3=")["input_ids"], tokenizer("a longer prompt: 7*8=")["input_ids"]]
 
-    def sample():
+    def sample(levers):
         request = GenerationRequest(
             sampling=SamplingParams(max_new_tokens=8), num_generations=3, eos_token_ids=[2],
             pad_token_id=0, generator=torch.Generator().manual_seed(3), record_logprobs=True,
+            engine=DecodeEngine(levers=levers),
         )  # fmt: skip
         return generate_groups(model, prompts, request)
 
-    lean = sample()
-    assert module._VERDICTS[model] is True  # it ran, and proved itself
-    monkeypatch.setattr(generation.LeanDecodeStep, "of", staticmethod(lambda model: None))
-    plain = sample()
+    lean = sample(Levers())
+    assert verdict("lean_decode", model) is True  # it ran, and proved itself
+    plain = sample(Levers.reference())
     assert torch.equal(lean.completion_ids, plain.completion_ids)
     assert torch.equal(lean.sampling_logps, plain.sampling_logps)

@@ -6,7 +6,7 @@ plain transformers model with the LoRA adapter merged in (no adapter matmuls per
 
 - 'bf16': every weight in bfloat16; on an x86 CPU the linear weights (the LM head too, unless
   its tied table cannot be read from the policy instead) are kept in oneDNN's blocked layout
-  (`_compat.PackedBf16Linear`), packed at each refresh instead of reordered by torch on every
+  (`engine.kernels.PackedBf16Linear`), packed at each refresh instead of reordered by torch on every
   call (a 16-row decode step of SmolLM2: 39.8 ms instead of 49.5; not with `compile_decode`,
   whose compiler packs for itself);
 - 'fp16': the linear layers hold float16 weights and compute in float32 (fbgemm's packed fp16
@@ -39,13 +39,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..._compat import (
-    PackedBf16Linear,
-    bf16_packing_works,
-    cpu_has_bf16_units,
-    fp16_weight_linear,
-    set_fp16_weight,
-)
+from .._compat import cpu_has_bf16_units
+from .kernels import PackedBf16Linear, bf16_packing_works, fp16_weight_linear, set_fp16_weight
+from .levers import admitted, relative_difference
 
 logger = logging.getLogger(__name__)
 
@@ -256,6 +252,7 @@ def _build(
     packed = precision == "bf16" and pack and _on_cpu(merged) and bf16_packing_works()
     if precision == "bf16":
         merged.to(torch.bfloat16)
+        packed = packed and admitted("packed_bf16", policy, _packing_difference(merged))
     else:
         merged.float()  # fbgemm's fp16 layers take float32 activations
         _swap_linears(merged, links, fp16_weight_linear)
@@ -268,6 +265,22 @@ def _build(
         "; linear weights packed for oneDNN" if packed else "",
     )
     return merged, links
+
+
+@torch.no_grad()
+def _packing_difference(model: torch.nn.Module) -> float:
+    """The admission check of lever `packed_bf16`: every bf16 linear layer of the copy packed
+    for oneDNN against `F.linear` with its plain weight, on 3 random rows (a generator of its
+    own); the largest relative difference."""
+    generator = torch.Generator().manual_seed(0)
+    worst = 0.0
+    for layer in model.modules():
+        if type(layer) is not torch.nn.Linear:
+            continue
+        x = torch.randn(3, layer.in_features, generator=generator).to(layer.weight.dtype)
+        reference = torch.nn.functional.linear(x, layer.weight, layer.bias)
+        worst = max(worst, relative_difference(PackedBf16Linear(layer)(x), reference))
+    return worst
 
 
 def _pack_linears(policy: torch.nn.Module, merged: torch.nn.Module, links: list[_Link]) -> None:

@@ -1,4 +1,4 @@
-"""grpo_plugin.core.padding_free: the completions packed into one row of real tokens give the
+"""grpo_plugin.engine.padding_free: the completions packed into one row of real tokens give the
 padded forward's log-probs and gradients (issue 28)."""
 
 from __future__ import annotations
@@ -7,16 +7,18 @@ import logging
 
 import pytest
 import torch
-from conftest import group_batch
+from conftest import group_batch, pre_admitted
 
 from grpo_plugin import _logging
-from grpo_plugin.core import padding_free
-from grpo_plugin.core.logprobs import completion_logprobs
-from grpo_plugin.core.padding_free import PackedRows
-from grpo_plugin.core.prompt_grad import SharedPromptGrad
+from grpo_plugin.engine import padding_free
+from grpo_plugin.engine.forward import completion_logprobs
+from grpo_plugin.engine.padding_free import PackedRows
+from grpo_plugin.engine.prompt_grad import SharedPromptGrad
 
 GROUP = 3
 NEG = torch.finfo(torch.float32).min
+
+pytestmark = pytest.mark.fast_paths  # asserts the fast path ran (or declined)
 
 
 def _lora(model):
@@ -24,7 +26,8 @@ def _lora(model):
 
     torch.manual_seed(0)  # init_lora_weights=False: B is random too, so every matrix gets grads
     config = LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False, lora_dropout=0.0)
-    return get_peft_model(model, config).train()
+    # admitted up front: these tests count the body's forwards (the checks: test_levers.py)
+    return pre_admitted(get_peft_model(model, config).train())
 
 
 def _batch():
@@ -44,9 +47,10 @@ def _run(model, batch, **options):
         lambda module, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)),
         with_kwargs=True,
     )
+    tokens = (*batch, options.pop("score_mask", None))
     try:
         logps = completion_logprobs(
-            model, *batch, chunk_size=5, group_size=GROUP, share_prompt_prefix=True, **options
+            model, tokens, chunk_size=5, group_size=GROUP, share_prompt_prefix=True, **options
         ).logps
     finally:
         hook.remove()
@@ -204,8 +208,7 @@ def test_micro_batches_of_one_group_share_its_prompt_packed(tiny_model):
         held, logps = SharedPromptGrad(6), []
         for start in (0, 2, 4):
             part = tuple(t[start : start + 2] for t in batch)
-            out = completion_logprobs(model, *part, group_size=2, share_prompt_prefix=True,
-                                      shared_prompt=held, padding_free=packed).logps  # fmt: skip
+            out = completion_logprobs(model, part, group_size=2, share_prompt_prefix=True, shared_prompt=held, padding_free=packed).logps  # fmt: skip
             (out * torch.linspace(0.5, 1.5, out.numel()).view_as(out)).sum().backward()
             held.after_backward(step_ends=start == 4)
             logps.append(out.detach())

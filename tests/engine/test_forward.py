@@ -11,10 +11,10 @@ import textwrap
 
 import pytest
 import torch
-from conftest import group_batch
+from conftest import group_batch, pre_admitted
 
 from grpo_plugin import _logging
-from grpo_plugin.core.logprobs import completion_logprobs
+from grpo_plugin.engine.forward import completion_logprobs
 
 GROUP = 3
 
@@ -51,7 +51,7 @@ def _lora(model, seed=0):
 def _logps_and_lora_grads(model, batch, share):
     model.zero_grad()
     logps = completion_logprobs(
-        model, *batch, chunk_size=5, group_size=GROUP, share_prompt_prefix=share
+        model, batch, chunk_size=5, group_size=GROUP, share_prompt_prefix=share
     ).logps
     (logps * torch.linspace(0.5, 1.5, logps.numel()).view_as(logps)).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
@@ -70,7 +70,7 @@ def test_chunked_logprobs_equal_naive_full_logits(tiny_model, chunk_size):
     batch = _group_batch()
     with torch.no_grad():
         logps, entropy, aux = completion_logprobs(
-            tiny_model, *batch, temperature=0.7, chunk_size=chunk_size, return_entropy=True
+            tiny_model, batch, temperature=0.7, chunk_size=chunk_size, return_entropy=True
         )
         assert aux is None  # not asked for
         expected, expected_entropy = _naive(tiny_model, *batch, temperature=0.7)
@@ -94,9 +94,9 @@ def test_padding_is_trimmed_and_padded_back_with_zeros(tiny_model):
         with_kwargs=True,
     )
     with torch.no_grad():
-        logps = completion_logprobs(tiny_model, *padded).logps
+        logps = completion_logprobs(tiny_model, padded).logps
         reference = completion_logprobs(
-            tiny_model, prompts, prompt_mask, completions, completion_mask
+            tiny_model, (prompts, prompt_mask, completions, completion_mask)
         ).logps
     hook.remove()
     assert seen_widths[0] == prompts.size(1) + 4  # the model never saw the extra columns
@@ -105,8 +105,9 @@ def test_padding_is_trimmed_and_padded_back_with_zeros(tiny_model):
     torch.testing.assert_close(logps[:, :4], reference, atol=1e-6, rtol=0)
 
 
+@pytest.mark.fast_paths
 def test_prefix_shared_forward_matches_plain_logps_and_lora_grads(tiny_model):
-    model = _lora(tiny_model).train()
+    model = pre_admitted(_lora(tiny_model).train())  # its forwards are counted
     batch = _group_batch(prompt_lengths=(9, 4, 6), width=7)
     calls = []
     body = model.get_base_model().model
@@ -143,7 +144,7 @@ def test_misaligned_groups_fall_back_to_plain(tiny_model):
     batch = (prompts, prompt_mask, completions, completion_mask)
     with torch.no_grad():
         logps = completion_logprobs(
-            tiny_model, *batch, group_size=GROUP, share_prompt_prefix=True
+            tiny_model, batch, group_size=GROUP, share_prompt_prefix=True
         ).logps
         expected, _ = _naive(tiny_model, *batch)
     torch.testing.assert_close(logps, expected, atol=1e-5, rtol=0)
@@ -160,7 +161,7 @@ def test_no_full_vocab_logits_are_saved_for_backward(tiny_model):
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logps = completion_logprobs(tiny_model, *batch, chunk_size=4).logps
+        logps = completion_logprobs(tiny_model, batch, chunk_size=4).logps
     logps.sum().backward()
     assert tiny_model.lm_head.weight.grad.abs().sum() > 0
     # only the (V, H) head weight itself; no (positions, V) logits from the chunked head
@@ -187,7 +188,7 @@ def test_4bit_lora_shared_forward_matches_plain_after_an_eval_pass(tiny_model_di
     with (
         torch.no_grad()
     ):  # lets bitsandbytes repack CPU weights (dropping their grads) if unguarded
-        completion_logprobs(model, *batch)
+        completion_logprobs(model, batch)
     model.train()
     plain_logps, plain_grads = _logps_and_lora_grads(model, batch, share=False)
     shared_logps, shared_grads = _logps_and_lora_grads(model, batch, share=True)
@@ -200,16 +201,18 @@ def test_4bit_lora_shared_forward_matches_plain_after_an_eval_pass(tiny_model_di
 def test_shape_mismatch_raises(tiny_model):
     prompts, prompt_mask, completions, completion_mask = _group_batch()
     with pytest.raises(ValueError, match="same shape"):
-        completion_logprobs(tiny_model, prompts, prompt_mask[:, 1:], completions, completion_mask)
+        completion_logprobs(tiny_model, (prompts, prompt_mask[:, 1:], completions, completion_mask))
     with pytest.raises(ValueError, match="repeat each prompt"):
-        completion_logprobs(tiny_model, prompts[:2], prompt_mask[:2], completions, completion_mask)
+        completion_logprobs(
+            tiny_model, (prompts[:2], prompt_mask[:2], completions, completion_mask)
+        )
 
 
 PEAK_RSS_SCRIPT = textwrap.dedent(
     """
     import json, torch
     from transformers import LlamaConfig, LlamaForCausalLM
-    from grpo_plugin.core.logprobs import completion_logprobs
+    from grpo_plugin.engine.forward import completion_logprobs
 
     def status_mib(key):
         with open("/proc/self/status") as f:
@@ -233,7 +236,7 @@ PEAK_RSS_SCRIPT = textwrap.dedent(
     prompts = torch.randint(5, 50000, (4, 16)); completions = torch.randint(5, 50000, (4, 240))
     masks = torch.ones_like(prompts), torch.ones_like(completions)
     base = reset_peak()
-    logps = completion_logprobs(model, prompts, masks[0], completions, masks[1], chunk_size=64).logps
+    logps = completion_logprobs(model, (prompts, masks[0], completions, masks[1]), chunk_size=64).logps
     logps.sum().backward()
     chunked = peak_mib() - base
     model.zero_grad(set_to_none=True)
@@ -268,20 +271,19 @@ def test_entropy_with_grad_matches_full_logits_entropy_and_its_gradient(tiny_mod
     mask = batch[3].float()
     _, naive_entropy = _naive(tiny_model, *batch)
     (naive_grad,) = torch.autograd.grad((naive_entropy * mask).sum(), tiny_model.lm_head.weight)
-    entropy = completion_logprobs(tiny_model, *batch, chunk_size=4, return_entropy=True,
-                                     entropy_grad=True).entropy  # fmt: skip
+    entropy = completion_logprobs(tiny_model, batch, chunk_size=4, return_entropy=True, entropy_grad=True).entropy  # fmt: skip
     assert entropy.requires_grad
     assert torch.allclose(entropy, naive_entropy, atol=1e-5)
     (grad,) = torch.autograd.grad((entropy * mask).sum(), tiny_model.lm_head.weight)
     assert torch.allclose(grad, naive_grad, atol=1e-5) and grad.abs().sum() > 0
-    detached = completion_logprobs(tiny_model, *batch, return_entropy=True).entropy
+    detached = completion_logprobs(tiny_model, batch, return_entropy=True).entropy
     assert not detached.requires_grad
 
 
 def test_pad_to_multiple_of_keeps_every_value(tiny_model):
     batch = _group_batch(prompt_lengths=(7, 3), width=6)
-    plain = completion_logprobs(tiny_model, *batch).logps
-    padded = completion_logprobs(tiny_model, *batch, pad_to_multiple_of=4).logps
+    plain = completion_logprobs(tiny_model, batch).logps
+    padded = completion_logprobs(tiny_model, batch, pad_to_multiple_of=4).logps
     assert torch.allclose(plain, padded, atol=1e-5)
 
 
@@ -300,21 +302,22 @@ def _tiny_moe(seed=0):
 def test_moe_aux_loss_is_the_models_own_load_balancing_loss():
     model = _tiny_moe()
     batch = _group_batch(prompt_lengths=(5, 5), width=6, real_lengths=[6, 4, 2, 6, 6, 1])
-    logps, _, aux = completion_logprobs(model, *batch, return_aux_loss=True)
+    logps, _, aux = completion_logprobs(model, batch, return_aux_loss=True)
     mask = torch.cat([batch[1], batch[3]], 1)
     out = model(input_ids=torch.cat([batch[0], batch[2]], 1), attention_mask=mask,
                 output_router_logits=True)  # fmt: skip
     assert aux.item() == pytest.approx(out.aux_loss.item(), rel=1e-5) and aux.item() > 1.0
     (grad,) = torch.autograd.grad(aux, model.model.layers[0].mlp.gate.weight)
     assert grad.abs().sum() > 0  # the router learns from it
-    plain = completion_logprobs(model, *batch).logps
+    plain = completion_logprobs(model, batch).logps
     assert torch.allclose(logps, plain, atol=1e-5)
 
 
+@pytest.mark.fast_paths
 def test_tool_rollouts_share_the_prompt_in_the_training_forward_exactly(tiny_model):
     """A tool exchange: 0s in `score_mask` on the tool results inside each completion. The prompt
     is still encoded once per group, with the plain forward's log-probs and grads (issue 28)."""
-    model = _lora(tiny_model).train()
+    model = pre_admitted(_lora(tiny_model).train())  # its forwards are counted
     prompts, prompt_mask, completions, completion_mask = _group_batch((8, 5), width=9)
     score_mask = completion_mask.clone()
     score_mask[:, 3:6] = 0  # a tool result, then the model's answer after it
@@ -328,8 +331,7 @@ def test_tool_rollouts_share_the_prompt_in_the_training_forward_exactly(tiny_mod
 
     def run(share):
         model.zero_grad()
-        logps = completion_logprobs(model, *batch, chunk_size=5, group_size=GROUP,
-                                    share_prompt_prefix=share, score_mask=score_mask).logps  # fmt: skip
+        logps = completion_logprobs(model, (*batch, score_mask), chunk_size=5, group_size=GROUP, share_prompt_prefix=share).logps  # fmt: skip
         (logps * torch.linspace(0.5, 1.5, logps.numel()).view_as(logps)).sum().backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
         return logps.detach(), grads
@@ -348,7 +350,7 @@ def test_tool_rollouts_share_the_prompt_in_the_training_forward_exactly(tiny_mod
 def test_head_dim_from_the_config_or_zero_where_it_does_not_say():
     from types import SimpleNamespace
 
-    from grpo_plugin.core.logprobs import _head_dim
+    from grpo_plugin.engine.forward import _head_dim
 
     def body(**config):
         return SimpleNamespace(config=SimpleNamespace(**config))

@@ -1,4 +1,4 @@
-"""The LM head's scoring of a chunk (`grpo_plugin/core/lm_head.py`): the frozen head's
+"""The LM head's scoring of a chunk (`grpo_plugin/engine/lm_head.py`): the frozen head's
 log-probs with their gradient taken in the forward, against the checkpointed path and by hand."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import math
 
 import pytest
 import torch
-from conftest import group_batch
+from conftest import group_batch, pre_admitted
 
-from grpo_plugin.core import logprobs as logprobs_module
-from grpo_plugin.core.lm_head import frozen_head_logps, is_frozen_linear
-from grpo_plugin.core.logprobs import completion_logprobs
+from grpo_plugin.engine import forward as logprobs_module
+from grpo_plugin.engine.forward import completion_logprobs
+from grpo_plugin.engine.lm_head import frozen_head_logps, is_frozen_linear
 
 
 def _lora(model):
@@ -24,7 +24,7 @@ def _lora(model):
 
 def _logps_and_grads(model, batch, **kwargs):
     model.zero_grad()
-    out = completion_logprobs(model, *batch, chunk_size=5, **kwargs)
+    out = completion_logprobs(model, batch, chunk_size=5, **kwargs)
     weights = torch.linspace(-1.0, 2.0, out.logps.numel()).view_as(out.logps)
     (out.logps * weights).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
@@ -68,8 +68,9 @@ def test_matches_the_checkpointed_path_in_logps_and_lora_grads(
         assert (frozen_grads[name] - grad).norm() / grad.norm() < 1e-5, name
 
 
+@pytest.mark.fast_paths
 def test_saves_no_vocabulary_sized_tensor_and_never_reruns_the_head(tiny_model):
-    model = _lora(tiny_model).train()
+    model = pre_admitted(_lora(tiny_model).train())  # its head calls are counted
     head = model.get_base_model().get_output_embeddings()
     vocab, calls, saved = head.out_features, [], []
     hook = head.register_forward_hook(lambda module, args, out: calls.append(out.shape[0]))
@@ -80,7 +81,7 @@ def test_saves_no_vocabulary_sized_tensor_and_never_reruns_the_head(tiny_model):
 
     batch = group_batch((7, 3), 6)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logps = completion_logprobs(model, *batch, chunk_size=4).logps
+        logps = completion_logprobs(model, batch, chunk_size=4).logps
     before_backward = len(calls)
     logps.sum().backward()
     hook.remove()
@@ -95,7 +96,7 @@ def test_a_trained_head_or_entropy_with_grad_keeps_the_checkpointed_path(tiny_mo
     head = model.get_base_model().get_output_embeddings()
     hook = head.register_forward_hook(lambda module, args, out: calls.append(out.shape[0]))
     batch = group_batch((7, 3), 6)
-    out = completion_logprobs(model, *batch, chunk_size=64, return_entropy=True, entropy_grad=True)
+    out = completion_logprobs(model, batch, chunk_size=64, return_entropy=True, entropy_grad=True)
     (out.logps.sum() + out.entropy.sum()).backward()
     hook.remove()
     assert len(calls) == 2  # forward, then the checkpoint's recompute in backward

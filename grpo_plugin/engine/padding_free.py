@@ -11,7 +11,7 @@ are packed into ONE row `(1, M)` instead of `(N, T)`:
 - attention alone goes back to the row layout: queries, keys and values are gathered to
   `(N, heads, T | L + T, d)` (keys: the row's prompt, encoded once per group, then its own
   suffix), attention runs there under the same mask as the padded forward, and the output is
-  gathered back to the packed tokens (`_compat.rows_attention_for_packed_tokens` routes the
+  gathered back to the packed tokens (`kernels.rows_attention_for_packed_tokens` routes the
   model's SDPA call here when it carries `packed_rows`).
 
 Every real token therefore sees exactly the keys it sees in the padded forward: the result is
@@ -37,8 +37,9 @@ import weakref
 
 import torch
 
-from .._compat import cache_argument_name, dynamic_cache_of, rows_attention_for_packed_tokens
+from .._compat import cache_argument_name, dynamic_cache_of
 from .._logging import warn_once
+from .kernels import rows_attention_for_packed_tokens
 
 __all__ = ["PackedRows", "packed_hidden_with_prompts", "packed_suffix_hidden"]
 

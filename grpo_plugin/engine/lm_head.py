@@ -1,5 +1,5 @@
 """One chunk of completion positions through the LM head: `(C, H)` hidden states -> `(C,)`
-log-probs of their tokens, the scoring `logprobs._chunked_head` runs chunk by chunk.
+log-probs of their tokens, the scoring `forward._chunked_head` runs chunk by chunk.
 
 `chunk_logps` is the general form: head, float32 logits (soft cap, temperature), log-softmax,
 gather. With grad it runs under `torch.utils.checkpoint`, so backward runs the head and the

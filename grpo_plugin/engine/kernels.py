@@ -1,6 +1,22 @@
-"""The CPU-kernel and attention workarounds of the table in `_compat/__init__.py` (its rows
-`PackedBf16Linear`, `rows_attention_for_packed_tokens`, `fp16_weight_linear`), kept in their own
-file so that each stays short."""
+"""The CPU kernels and the packed rows' attention entry of the engine's levers.
+
+- `PackedBf16Linear`, `bf16_packing_works` (lever `packed_bf16`): torch 2.13 on a CPU reorders a
+  bf16 `F.linear`'s weight into oneDNN's blocked layout on every call; only the private
+  `torch.ops.mkldnn._reorder_linear_weight` / `_linear_pointwise` (what inductor's freezing uses)
+  keep it packed: a 16-row decode step of SmolLM2-135M took 39.8 ms instead of 49.5 (Xeon AMX).
+  Remove when torch has a public prepacked CPU linear.
+- `fp16_weight_linear`, `set_fp16_weight` (the fp16 rollout copy, `rollout_precision: fp16`):
+  torch 2.13 has a float16-weight linear with float32 compute on CPU (fbgemm) only in the
+  deprecated `torch.ao` dynamic quantization, which warns on every layer. Remove when torch has
+  a supported half-weight linear on CPU.
+- `rows_attention_for_packed_tokens` (lever `padding_free`): transformers 5.25's attention
+  functions take the batch layout of their inputs, so a padding-free forward (real tokens packed
+  into one row) would attend across every packed token. The SDPA entry of `AttentionInterface`
+  is wrapped once (public `register`): a call that carries `packed_rows` (padding_free.py) runs
+  its attention in the padded row layout; every other call passes through unchanged. Remove
+  when transformers attends per sequence in a packed row for SDPA (as for flash-attention's
+  varlen).
+"""
 
 from __future__ import annotations
 

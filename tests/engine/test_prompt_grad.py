@@ -1,13 +1,14 @@
-"""grpo_plugin.core.prompt_grad: a group split over micro-batches encodes its prompt once, with the
+"""grpo_plugin.engine.prompt_grad: a group split over micro-batches encodes its prompt once, with the
 plain forward's log-probs and gradients (issue 28)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
-from conftest import group_batch
+from conftest import group_batch, pre_admitted
 
-from grpo_plugin.core.logprobs import completion_logprobs
-from grpo_plugin.core.prompt_grad import SharedPromptGrad
+from grpo_plugin.engine.forward import completion_logprobs
+from grpo_plugin.engine.prompt_grad import SharedPromptGrad
 
 G = 6  # rows per group
 MICRO = 2  # rows per micro-batch: a group is 3 micro-batches
@@ -47,7 +48,7 @@ def _grads(model):
 def _plain(model, batch, rows):
     model.zero_grad()
     part = tuple(t[rows] for t in batch)
-    logps = completion_logprobs(model, *part).logps
+    logps = completion_logprobs(model, part).logps
     (logps * _weights(rows, logps.size(1))).sum().backward()
     return logps.detach(), _grads(model)
 
@@ -67,7 +68,7 @@ def _held(model, batch, order, step_ends_after=()):
             rows = torch.tensor(rows)
             part = tuple(t[rows] for t in batch)
             out = completion_logprobs(
-                model, *part, group_size=MICRO, share_prompt_prefix=True, shared_prompt=held
+                model, part, group_size=MICRO, share_prompt_prefix=True, shared_prompt=held
             ).logps
             (out * _weights(rows, out.size(1))).sum().backward()
             held.after_backward(step_ends=index in step_ends_after or index == len(order) - 1)
@@ -90,8 +91,9 @@ def _in_order(rows: int) -> list[list[int]]:
     return [list(range(start, start + MICRO)) for start in range(0, rows, MICRO)]
 
 
+@pytest.mark.fast_paths
 def test_each_prompt_is_encoded_once_for_its_three_micro_batches_exactly(tiny_model):
-    model = _lora(tiny_model)
+    model = pre_admitted(_lora(tiny_model))  # its forwards are counted
     batch = _batch()
     plain_logps, plain_grads = _plain(model, batch, torch.arange(2 * G))
     logps, grads, encodings, calls = _held(model, batch, _in_order(2 * G))
@@ -142,7 +144,7 @@ def test_discard_drops_the_held_prompt_without_a_backward(tiny_model):
     held = SharedPromptGrad(G)
     part = tuple(t[:MICRO] for t in batch)
     out = completion_logprobs(
-        model, *part, group_size=MICRO, share_prompt_prefix=True, shared_prompt=held
+        model, part, group_size=MICRO, share_prompt_prefix=True, shared_prompt=held
     ).logps
     model.zero_grad()
     out.sum().backward()

@@ -19,11 +19,12 @@ per-token quantity of the GRPO objective (DeepSeekMath, eq. 3, https://arxiv.org
   custom attention kernel. Unsupported cases (active gradient checkpointing, which makes HF drop
   the cache; no batch-expandable cache; groups whose prompts differ) fall back to the plain forward
   with a single warning. A group split over several micro-batches can share its prompt across
-  them too (`shared_prompt`, core/prompt_grad.py). With `padding_free` the completions run
-  packed into one row of real tokens (core/padding_free.py): the same result without the
+  them too (`shared_prompt`, prompt_grad.py). With `padding_free` the completions run
+  packed into one row of real tokens (padding_free.py): the same result without the
   padding's share of the layers' matrix products. Where the micro-batch holds its groups'
   prompts, they go inline at the start of that row and one forward runs both.
-
+- The shared prompt, the packing and the frozen head are levers (levers.py): each runs only
+  where `options.levers` allows it and its admission check (admission.py) passed on the model.
 - MoE router auxiliary loss (`return_aux_loss`): the plain forward runs with
   `output_router_logits=True` and the model's own load-balancing loss (Switch Transformer eqs. 4-6,
   https://arxiv.org/abs/2101.03961) is computed over the real prompt + completion tokens, as the
@@ -38,7 +39,8 @@ model's own logit post-processing only Gemma-style `final_logit_softcapping` is 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import replace
+from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -54,24 +56,17 @@ from .._compat import (
     unwrap_peft,
 )
 from .._logging import warn_once
+from ..core.tensors import position_ids_from_mask
+from .admission import admit_frozen_head, admit_hidden
 from .lm_head import chunk_logps, frozen_head_logps, is_frozen_linear
 from .padding_free import PackedRows, packed_hidden_with_prompts, packed_suffix_hidden
 from .prompt_grad import SharedPromptGrad
-from .tensors import position_ids_from_mask
+from .types import CompletionLogprobs, CompletionTokens, ForwardOptions
 
-__all__ = ["CompletionLogprobs", "completion_logprobs"]
-
-
-class CompletionLogprobs(NamedTuple):
-    """What `completion_logprobs` returns, always these three (a NamedTuple, so DDP's output
-    walk still finds the tensors); `None` marks what was not asked for."""
-
-    logps: torch.Tensor  # (N, Tc) float32, 0 off the scored tokens
-    entropy: torch.Tensor | None = None  # (N, Tc) when return_entropy, 0 off the scored tokens
-    aux_loss: torch.Tensor | None = None  # () the MoE router loss, when return_aux_loss
+__all__ = ["CompletionLogprobs", "CompletionTokens", "ForwardOptions", "completion_logprobs"]
 
 
-def _decoder_body(model: torch.nn.Module) -> torch.nn.Module:
+def decoder_body(model: torch.nn.Module) -> torch.nn.Module:
     """The transformer body (embeddings, layers, final norm) without the LM head; works through peft."""
     base = unwrap_peft(model)
     body = base.get_decoder() if hasattr(base, "get_decoder") else None
@@ -134,17 +129,41 @@ def _head_dim(body) -> int:
     return getattr(config, "head_dim", None) or (hidden // heads if heads and hidden else 0)
 
 
+def _suffix_parts(tensors, group):
+    """What both prefix-shared forms need: `(mask (N, Lp + T), positions (N, Lp + T), suffix
+    ids (N, T), suffix positions (N, T), the masks a `PackedRows` layout takes)`."""
+    prompt_ids, prompt_mask, completion_ids, completion_mask = tensors
+    prompt_len, width = prompt_ids.size(1), completion_ids.size(1)
+    mask = torch.cat([prompt_mask, completion_mask], dim=1)  # (N, Lp + T)
+    positions = position_ids_from_mask(mask)  # (N, Lp + T)
+    suffix_ids = torch.cat([prompt_ids[:, -1:], completion_ids[:, :-1]], dim=1)  # (N, T)
+    suffix_positions = positions[:, prompt_len - 1 : prompt_len - 1 + width]  # (N, T)
+    layout_masks = (prompt_mask[:, :-1], mask[:, prompt_len - 1 : -1], completion_mask, group)
+    return mask, positions, suffix_ids, suffix_positions, layout_masks
+
+
+def _packed_with_prompts(body, group, tensors):
+    """Prompts and completions in one packed forward (core of `padding_free`), or None where
+    packing would not run (too little padding to drop, or a body that cannot run packed)."""
+    _, positions, suffix_ids, suffix_positions, layout_masks = _suffix_parts(tensors, group)
+    layout = PackedRows(*layout_masks, prompts_inline=True)
+    if not layout.worth_packing(_head_dim(body)):
+        return None
+    prompt_len = tensors[0].size(1)
+    prompts = (tensors[0][::group, :-1], positions[::group, : prompt_len - 1])
+    return packed_hidden_with_prompts(body, layout, prompts, suffix_ids, suffix_positions)
+
+
 def _shared_hidden(body, group, tensors, held, padding_free=False):
     """Prompt prefix encoded once per group, its cache expanded to G rows; None if unsupported.
     `tensors`: the trimmed (prompt_ids, prompt_mask, completion_ids, completion_mask). `held` (a
     `SharedPromptGrad`, or None): a micro-batch that is one part of a larger group runs against
     the group's prompt encoded once, by its first micro-batch. `padding_free`: the completions
-    run packed into one row when that drops enough padding (core/padding_free.py), with the
+    run packed into one row when that drops enough padding (engine/padding_free.py), with the
     prompts inline in the same row and forward unless the prompt is held across micro-batches."""
-    prompt_ids, prompt_mask, completion_ids, completion_mask = tensors
-    prompt_len, width = prompt_ids.size(1), completion_ids.size(1)
-    mask = torch.cat([prompt_mask, completion_mask], dim=1)  # (N, Lp + T)
-    positions = position_ids_from_mask(mask)  # (N, Lp + T)
+    prompt_ids, prompt_mask = tensors[0], tensors[1]
+    prompt_len = prompt_ids.size(1)
+    mask, positions, suffix_ids, suffix_positions, layout_masks = _suffix_parts(tensors, group)
     cache_arg = cache_argument_name(body)
 
     def encode():
@@ -157,18 +176,11 @@ def _shared_hidden(body, group, tensors, held, padding_free=False):
         )
         return output_cache(prefix)
 
-    suffix_ids = torch.cat([prompt_ids[:, -1:], completion_ids[:, :-1]], dim=1)  # (N, T)
-    suffix_positions = positions[:, prompt_len - 1 : prompt_len - 1 + width]  # (N, T)
-    layout_masks = (prompt_mask[:, :-1], mask[:, prompt_len - 1 : -1], completion_mask, group)
     shares_held = held is not None and prompt_ids.size(0) == group  # one prompt, held across
     if padding_free and not shares_held:  # prompts and completions in one packed forward
-        layout = PackedRows(*layout_masks, prompts_inline=True)
-        if layout.worth_packing(_head_dim(body)):
-            prompts = (prompt_ids[::group, :-1], positions[::group, : prompt_len - 1])
-            hidden = packed_hidden_with_prompts(body, layout, prompts, suffix_ids, suffix_positions)
-            if hidden is not None:
-                return hidden
-            padding_free = False  # this body cannot run packed (remembered): no second try
+        hidden = _packed_with_prompts(body, group, tensors)
+        if hidden is not None:
+            return hidden
     cache, expanded = None, False
     if shares_held:
         cache = held.cache_for(prompt_ids[:1, :-1], prompt_mask[:1, :-1], group, encode)
@@ -213,12 +225,32 @@ def _sharing_blocker(model, body, group_size, prompt_ids) -> str | None:
     return None
 
 
-def _completion_hidden(model, tensors, group_size, share_prompt_prefix, held, padding_free):
-    body = _decoder_body(model)
-    if share_prompt_prefix:
-        blocker = _sharing_blocker(model, body, group_size, tensors[0])
+def _admitted_sharing(body, options: ForwardOptions, tensors) -> tuple[bool, bool]:
+    """`(share the prompt, pack the completions)` for this body: each lever on, and admitted by
+    its check against the plain forward on the first batch it meets (engine/admission.py)."""
+    group, levers = options.group_size, options.levers
+    plain = lambda: _plain_hidden(body, *tensors)  # noqa: E731
+    real = tensors[3]
+    share = admit_hidden(
+        "shared_prompt", body, lambda: _shared_hidden(body, group, tensors, None), plain, real
+    )
+    pack = options.padding_free and levers.padding_free and not options.pad_to_multiple_of
+    pack = pack and share
+    if pack:
+        fast = lambda: _packed_with_prompts(body, group, tensors)  # noqa: E731
+        pack = admit_hidden("padding_free", body, fast, plain, real)
+    return share, pack
+
+
+def _completion_hidden(model, tensors, options: ForwardOptions, held):
+    body = decoder_body(model)
+    if options.share_prompt_prefix and options.levers.shared_prompt:
+        blocker = _sharing_blocker(model, body, options.group_size, tensors[0])
         if blocker is None:
-            hidden = _shared_hidden(body, group_size, tensors, held, padding_free)
+            share, pack = _admitted_sharing(body, options, tensors)
+            if not share:  # refused by its check (logged): the reference path
+                return _plain_hidden(body, *tensors)
+            hidden = _shared_hidden(body, options.group_size, tensors, held, pack)
             if hidden is not None:
                 return hidden
             blocker = (
@@ -232,14 +264,34 @@ def _completion_hidden(model, tensors, group_size, share_prompt_prefix, held, pa
     return _plain_hidden(body, *tensors)
 
 
-def _chunked_head(model, hidden, targets, temperature, chunk_size, want_entropy):
+def _frozen_head_admitted(head, first_chunk, scoring) -> bool:
+    """Lever `frozen_head` on `head`, checked on the first chunk against the checkpointed form."""
+    temperature, softcap = scoring
+    hidden, targets = first_chunk
+
+    def fast(h):
+        return frozen_head_logps(head, h, targets, temperature, softcap, False)
+
+    def reference(h):
+        return chunk_logps(head, h, targets, temperature, softcap, "")
+
+    return admit_frozen_head(head, fast, reference, hidden)
+
+
+def _chunked_head(model, hidden, targets, options: ForwardOptions, want_entropy):
     """Run the LM head over `(M, H)` selected positions in chunks; returns `(M,)` logps and entropy."""
     base = unwrap_peft(model)
     head = base.get_output_embeddings()
     softcap = getattr(base.config, "final_logit_softcapping", None)
+    temperature, chunk_size = options.temperature, options.chunk_size
+    temperature = temperature if temperature > 0 else 1.0
     use_checkpoint = torch.is_grad_enabled() and hidden.requires_grad
     # a frozen head (LoRA, QLoRA): each position's gradient is taken in the forward, no recompute
-    frozen = use_checkpoint and want_entropy != "grad" and is_frozen_linear(head)
+    frozen = use_checkpoint and want_entropy != "grad" and options.levers.frozen_head
+    frozen = frozen and is_frozen_linear(head)
+    if frozen and hidden.size(0):
+        first = (hidden[:chunk_size], targets[:chunk_size])
+        frozen = _frozen_head_admitted(head, first, (temperature, softcap))
     logps, entropies = [], []
     for start in range(0, hidden.size(0), chunk_size):
         chunk = (head, hidden[start : start + chunk_size], targets[start : start + chunk_size])
@@ -255,7 +307,8 @@ def _chunked_head(model, hidden, targets, temperature, chunk_size, want_entropy)
     return torch.cat(logps), torch.cat(entropies)
 
 
-def _check_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask, chunk_size):
+def _check_inputs(tokens: CompletionTokens, chunk_size: int) -> None:
+    prompt_ids, prompt_mask, completion_ids, completion_mask = tokens[:4]
     if prompt_ids.shape != prompt_mask.shape or completion_ids.shape != completion_mask.shape:
         raise ValueError(
             "ids and masks must have the same shape: got prompt "
@@ -271,91 +324,79 @@ def _check_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask, chun
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
 
 
+def _router_hidden(model, tensors, options: ForwardOptions):
+    """The plain forward with the MoE router's logits: `(hidden (N, T, H), aux loss ())`."""
+    if options.share_prompt_prefix:
+        warn_once(
+            "train-share-aux",
+            "share_prompt_prefix: using the plain training forward because the MoE router "
+            "loss needs every token's router logits (same log-probs, slower).",
+        )
+    hidden, router_logits, full_mask = _plain_hidden(decoder_body(model), *tensors, router=True)
+    return hidden, moe_load_balancing_loss(model, router_logits, full_mask)
+
+
 def completion_logprobs(
     model: torch.nn.Module,
-    prompt_ids: torch.LongTensor,
-    prompt_mask: torch.LongTensor,
-    completion_ids: torch.LongTensor,
-    completion_mask: torch.LongTensor,
+    tokens: CompletionTokens | tuple,
+    options: ForwardOptions | None = None,
     *,
-    temperature: float = 1.0,
-    chunk_size: int = 1024,
-    group_size: int | None = None,
-    share_prompt_prefix: bool = False,
-    return_entropy: bool = False,
-    entropy_grad: bool = False,
-    pad_to_multiple_of: int | None = None,
-    return_aux_loss: bool = False,
-    score_mask: torch.LongTensor | None = None,
     shared_prompt: SharedPromptGrad | None = None,
-    padding_free: bool = False,
+    **option_fields: Any,
 ) -> CompletionLogprobs:
-    """Log-probs `(N, Tc)` float32 of each completion token (0 where `completion_mask` is 0).
+    """Log-probs `(N, Tc)` float32 of each completion token (0 off the scored tokens).
 
-    `score_mask` `(N, Tc)` (a subset of `completion_mask`; default: all of it) limits the LM head
-    to those positions: a multi-turn completion attends to its tool results but only its sampled
-    tokens are scored (log-probs and entropy 0 elsewhere).
-
-    Prompts are left-padded `(N, Lp)`, completions right-padded `(N, Tc)`. Differentiable when grad
-    is enabled. With `share_prompt_prefix` and `group_size`, rows p*G .. p*G+G-1 must share prompt
-    p. Returns a `CompletionLogprobs`: `entropy` `(N, Tc)` when `return_entropy` (detached unless
-    `entropy_grad`), else None; `aux_loss` (a scalar, the MoE router load-balancing loss) when
-    `return_aux_loss`, else None. `shared_prompt` (with `share_prompt_prefix`, for a micro-batch
-    of one prompt's rows, part of a larger group): the group's prompt is encoded once for all its
-    micro-batches and backpropagated by `shared_prompt.after_backward` (core/prompt_grad.py).
-    `padding_free` (with the prefix-shared forward): the completions' real tokens run packed
-    into one row, attention in the row layout (core/padding_free.py); same result, fewer FLOPs.
+    `tokens`: a `CompletionTokens` (or the tuple of its 4 or 5 tensors). `options`: a
+    `ForwardOptions`; `option_fields` set some of its fields instead (`temperature=0.7`).
+    Differentiable when grad is enabled. With `share_prompt_prefix` and `group_size`, rows
+    p*G .. p*G+G-1 must share prompt p. Returns a `CompletionLogprobs`: `entropy` `(N, Tc)` when
+    `return_entropy` (detached unless `entropy_grad`), else None; `aux_loss` (a scalar, the MoE
+    router load-balancing loss) when `return_aux_loss`, else None. `shared_prompt` (with
+    `share_prompt_prefix`, for a micro-batch of one prompt's rows, part of a larger group): the
+    group's prompt is encoded once for all its micro-batches and backpropagated by
+    `shared_prompt.after_backward` (engine/prompt_grad.py). Which fast paths run is
+    `options.levers` (engine/levers.py), each behind its admission check.
     """
-    _check_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask, chunk_size)
+    options = replace(options or ForwardOptions(), **option_fields)
+    tokens = CompletionTokens(*tokens)
+    _check_inputs(tokens, options.chunk_size)
     prompt_ids, prompt_mask, completion_ids, completion_mask = (
         t.clone() if t.is_inference() else t  # tensors from inference_mode cannot enter autograd
-        for t in (prompt_ids, prompt_mask, completion_ids, completion_mask)
+        for t in tokens[:4]
     )
     rows, full_width = completion_ids.shape
     tensors = _trim_padding(
-        prompt_ids, prompt_mask, completion_ids, completion_mask, pad_to_multiple_of
+        prompt_ids, prompt_mask, completion_ids, completion_mask, options.pad_to_multiple_of
     )
     width = tensors[2].size(1)
     logps = torch.zeros(rows, full_width, dtype=torch.float32, device=completion_ids.device)
-    entropy = torch.zeros_like(logps) if return_entropy else None
-    aux_loss = logps.new_zeros(()) if return_aux_loss else None
+    entropy = torch.zeros_like(logps) if options.return_entropy else None
+    aux_loss = logps.new_zeros(()) if options.return_aux_loss else None
     if width == 0 or tensors[0].size(1) == 0:
         return CompletionLogprobs(logps, entropy, aux_loss)
 
     keep_bnb_4bit_weights_trainable(model)
-    if return_aux_loss:
-        if share_prompt_prefix:
-            warn_once(
-                "train-share-aux",
-                "share_prompt_prefix: using the plain training forward because the MoE router "
-                "loss needs every token's router logits (same log-probs, slower).",
-            )
-        body = _decoder_body(model)
-        hidden, router_logits, full_mask = _plain_hidden(body, *tensors, router=True)
-        aux_loss = moe_load_balancing_loss(model, router_logits, full_mask)
+    if options.return_aux_loss:
+        hidden, aux_loss = _router_hidden(model, tensors, options)
     else:
-        hidden = _completion_hidden(
-            model,
-            tensors,
-            group_size,
-            share_prompt_prefix,
-            shared_prompt,
-            padding_free and not pad_to_multiple_of,  # fixed shapes were asked for
-        )
+        hidden = _completion_hidden(model, tensors, options, shared_prompt)
+    score_mask = tokens.score_mask
     real = tensors[3] if score_mask is None else score_mask[:, :width] * tensors[3]  # (N, T)
     real = real.bool()
-    entropy_mode = ("grad" if entropy_grad else "detached") if return_entropy else ""
+    entropy_mode = ""
+    if options.return_entropy:
+        entropy_mode = "grad" if options.entropy_grad else "detached"
     selected_logps, selected_entropy = _chunked_head(
         model,
-        hidden[real],  # (M, H)
-        tensors[2][real],  # (M,)
-        temperature if temperature > 0 else 1.0,
-        chunk_size,
-        entropy_mode,
+        hidden[real],
+        tensors[2][real],
+        options,
+        entropy_mode,  # (M, H), (M,)
     )
     padded_real = torch.nn.functional.pad(real, (0, full_width - width))  # (N, Tc)
     logps = logps.masked_scatter(padded_real, selected_logps)
-    if return_entropy:
-        selected_entropy = selected_entropy if entropy_grad else selected_entropy.detach()
+    if options.return_entropy:
+        if not options.entropy_grad:
+            selected_entropy = selected_entropy.detach()
         entropy = entropy.masked_scatter(padded_real, selected_entropy)
     return CompletionLogprobs(logps, entropy, aux_loss)

@@ -26,7 +26,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import torch
+
 from .._compat import HEAP_BLOCK_BYTES, reuse_freed_cpu_memory
+from .levers import Levers
 
 logger = logging.getLogger(__name__)
 
@@ -38,22 +41,23 @@ def heap_chunk_size(vocab_size: int) -> int:
     return 1 << (rows.bit_length() - 1)
 
 
-def prepare(trainer: Any) -> None:
-    """Apply both settings when `cpu_memory_reuse` is on and the policy trains on the CPU."""
-    a = trainer.args
-    if not a.cpu_memory_reuse or trainer.accelerator.device.type != "cpu":
+def prepare(args: Any, model: torch.nn.Module, levers: Levers) -> None:
+    """Apply both settings when `args.cpu_memory_reuse` is on, `levers` allow it (a CPU plan,
+    fast paths on) and `model` is on the CPU. `args.logprob_chunk_size` may be cut in place."""
+    device = next(model.parameters()).device
+    if not (args.cpu_memory_reuse and levers.cpu_memory_reuse) or device.type != "cpu":
         return
     if not reuse_freed_cpu_memory():
         logger.info("cpu_memory_reuse: the C library is not glibc; malloc left as it is")
         return
-    vocab = trainer.model.get_output_embeddings().weight.shape[0]  # as the autopilot reads it
-    chunk = min(a.logprob_chunk_size, heap_chunk_size(vocab))
-    if chunk < a.logprob_chunk_size:
+    vocab = model.get_output_embeddings().weight.shape[0]  # as the autopilot reads it
+    chunk = min(args.logprob_chunk_size, heap_chunk_size(vocab))
+    if chunk < args.logprob_chunk_size:
         logger.info(
             "cpu_memory_reuse: logprob_chunk_size %d -> %d (float32 logits of %d tokens stay "
             "under 32 MB, so malloc reuses them)",
-            a.logprob_chunk_size,
+            args.logprob_chunk_size,
             chunk,
             vocab,
         )
-        a.logprob_chunk_size = chunk
+        args.logprob_chunk_size = chunk

@@ -1,13 +1,13 @@
-"""The cheaper rollout copy (`training/sampling/rollout_copy.py`) and the sampling correction in
+"""The cheaper rollout copy (`engine/rollout_copy.py`) and the sampling correction in
 training (`rollout_precision`, `sampling_correction`)."""
 
 import pytest
 import torch
 from peft import get_peft_model
 
-from grpo_plugin._compat import PackedBf16Linear, bf16_packing_works
-from grpo_plugin.training.sampling import rollout_copy as copy_module
-from grpo_plugin.training.sampling.rollout_copy import (
+from grpo_plugin.engine import rollout_copy as copy_module
+from grpo_plugin.engine.kernels import PackedBf16Linear, bf16_packing_works
+from grpo_plugin.engine.rollout_copy import (
     RolloutCopy,
     check_copyable,
     resolve_precision,
@@ -308,7 +308,7 @@ def test_the_correction_weighs_the_loss(tiny_tokenizer, tmp_path):
 
 
 def test_an_fp16_layer_keeps_its_bias_when_its_weight_is_packed_again():
-    from grpo_plugin._compat import fp16_weight_linear, set_fp16_weight
+    from grpo_plugin.engine.kernels import fp16_weight_linear, set_fp16_weight
 
     torch.manual_seed(0)
     linear, x = torch.nn.Linear(8, 4), torch.randn(3, 8)

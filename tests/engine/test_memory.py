@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from grpo_plugin import _compat
-from grpo_plugin.training import cpu_memory
+from grpo_plugin.engine import memory as cpu_memory
+from grpo_plugin.engine.levers import Levers
 
 GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 
@@ -28,29 +29,23 @@ def test_heap_chunk_size_keeps_float32_logits_under_32_mb():
         assert cpu_memory.heap_chunk_size(vocab) * vocab * 4 < _compat.HEAP_BLOCK_BYTES
 
 
-def _fake_trainer(vocab: int, chunk: int, reuse: bool = True, device: str = "cpu"):
+def _prepared(vocab: int, chunk: int, reuse: bool = True, device: str = "cpu", levers=None):
+    """The chunk size `prepare` leaves for a model with a `vocab`-row head on `device`."""
     model = torch.nn.Module()
-    head = torch.nn.Linear(4, vocab, bias=False)
-    model.get_output_embeddings = lambda: head
+    model.head = torch.nn.Linear(4, vocab, bias=False, device=device)
+    model.get_output_embeddings = lambda: model.head
     args = SimpleNamespace(cpu_memory_reuse=reuse, logprob_chunk_size=chunk)
-    accelerator = SimpleNamespace(device=torch.device(device))
-    return SimpleNamespace(args=args, model=model, accelerator=accelerator)
+    cpu_memory.prepare(args, model, levers or Levers())
+    return args.logprob_chunk_size
 
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's mallopt")
 def test_prepare_cuts_the_chunk_on_a_cpu_only_when_on():
-    trainer = _fake_trainer(49152, 1024)
-    cpu_memory.prepare(trainer)
-    assert trainer.args.logprob_chunk_size == 128
-    smaller = _fake_trainer(49152, 64)  # a smaller configured chunk is kept
-    cpu_memory.prepare(smaller)
-    assert smaller.args.logprob_chunk_size == 64
-    off = _fake_trainer(49152, 1024, reuse=False)
-    cpu_memory.prepare(off)
-    assert off.args.logprob_chunk_size == 1024
-    gpu = _fake_trainer(49152, 1024, device="meta")  # not a CPU: left alone
-    cpu_memory.prepare(gpu)
-    assert gpu.args.logprob_chunk_size == 1024
+    assert _prepared(49152, 1024) == 128
+    assert _prepared(49152, 64) == 64  # a smaller configured chunk is kept
+    assert _prepared(49152, 1024, reuse=False) == 1024
+    assert _prepared(49152, 1024, device="meta") == 1024  # not a CPU: left alone
+    assert _prepared(49152, 1024, levers=Levers.reference()) == 1024  # fast_paths: false
 
 
 # In a fresh interpreter: in the test process, what earlier tests left decides where a block

@@ -1,4 +1,4 @@
-"""grpo_plugin._compat.lora: peft's LoRA linear forward in one `addmm` per adapter gives peft's
+"""grpo_plugin.engine.lora: peft's LoRA linear forward in one `addmm` per adapter gives peft's
 outputs and gradients, and every case it does not cover runs peft's own forward."""
 
 from __future__ import annotations
@@ -12,10 +12,13 @@ from conftest import make_tiny_model, make_tiny_tokenizer
 from peft import LoraConfig, get_peft_model
 from peft.tuners.lora.layer import Linear as LoraLinear
 
-from grpo_plugin._compat import fuse_lora_linears
+from grpo_plugin.engine import PolicyEngine
+from grpo_plugin.engine.lora import fuse_lora_linears
 from grpo_plugin.training.policy import load_trainer_policy
 
 LAYERS = 14  # the tiny Llama: 2 decoder layers x (q, k, v, o, gate, up, down)
+
+pytestmark = pytest.mark.fast_paths  # asserts the fast path ran (or declined)
 
 
 def _lora(**options):
@@ -120,12 +123,13 @@ def _mixed_batch(model, ids):
 def test_cases_it_does_not_cover_run_peft_forward(peft_calls, options, case):
     model = _lora(**options)
     fuse_lora_linears(model)
+    peft_calls.clear()  # the admission check's calls of peft's forward
     ids = torch.randint(5, 40, (2, 7))
     expected = (case or _plain_call)(model, ids) or LAYERS
     assert len(peft_calls) == expected
 
 
-def test_the_trainer_policy_gets_it(tiny_model_dir):
+def test_the_trainer_policy_gets_it_unless_fast_paths_are_off(tiny_model_dir):
     args = types.SimpleNamespace(
         seed=0,
         trust_remote_code=False,
@@ -134,6 +138,8 @@ def test_the_trainer_policy_gets_it(tiny_model_dir):
         cast_lm_head_to_fp32=False,
     )
     config = LoraConfig(r=4, target_modules="all-linear")
-    model, _ = load_trainer_policy(str(tiny_model_dir), None, config, args, {}, "")
-    layers = [m for m in model.modules() if type(m) is LoraLinear]
-    assert len(layers) == LAYERS and all("forward" in vars(m) for m in layers)
+    for fast_paths, fused in ((False, 0), (True, LAYERS)):
+        model, _ = load_trainer_policy(str(tiny_model_dir), None, config, args, {}, "")
+        assert PolicyEngine.build("cpu", fast_paths).prepare_policy(model) == fused
+        layers = [m for m in model.modules() if type(m) is LoraLinear]
+        assert sum("forward" in vars(m) for m in layers) == fused

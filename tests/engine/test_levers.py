@@ -1,0 +1,214 @@
+"""grpo_plugin.engine.levers / plan / admission: which fast paths run, and a broken one is caught.
+
+Each "broken" test changes what a library computes under a lever (a peft LoRA layer with a new
+option, a transformers decoder layer whose forward changes, a packed attention or frozen-head
+gradient that is off) and shows the run goes on, on the reference path, with the reference's
+results and one log line naming the lever.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import group_batch, make_tiny_tokenizer
+from peft import LoraConfig, get_peft_model
+from transformers.models.llama import modeling_llama
+
+from grpo_plugin.engine import (
+    Levers,
+    PolicyEngine,
+    completion_logprobs,
+    default_levers,
+    lm_head,
+    padding_free,
+)
+from grpo_plugin.engine.forward import decoder_body
+from grpo_plugin.engine.levers import LEVERS, relative_difference, verdict
+from grpo_plugin.engine.lora import fuse_lora_linears
+from grpo_plugin.engine.plan import decode_compiled, levers_for
+from grpo_plugin.rollout.generation import generate_groups
+from grpo_plugin.rollout.types import DecodeEngine, GenerationRequest, SamplingParams
+
+GROUP = 3
+LEVER_LOG = "grpo_plugin.engine.levers"
+
+
+def _lora(model):
+    torch.manual_seed(0)  # init_lora_weights=False: B is random too, so every matrix gets grads
+    config = LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False, lora_dropout=0.0)
+    return get_peft_model(model, config).train()
+
+
+def _logps_and_grads(model, levers, **options):
+    """Log-probs and LoRA grads of a fixed weighted sum of a grouped batch's log-probs."""
+    model.zero_grad()
+    batch = group_batch((9, 4), width=9, real_lengths=[9, 3, 7, 9, 2, 5], group=GROUP)
+    out = completion_logprobs(
+        model, batch, chunk_size=5, group_size=GROUP, levers=levers, **options
+    )
+    (out.logps * torch.linspace(0.5, 1.5, out.logps.numel()).view_as(out.logps)).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    return out.logps.detach(), grads
+
+
+def _assert_same(a, b, atol=0.0):
+    (logps_a, grads_a), (logps_b, grads_b) = a, b
+    torch.testing.assert_close(logps_a, logps_b, atol=atol, rtol=0)
+    for name in grads_a:
+        torch.testing.assert_close(grads_a[name], grads_b[name], atol=atol, rtol=0)
+
+
+def _said(caplog, lever):
+    return [r.getMessage() for r in caplog.records if f"fast path {lever!r}" in r.getMessage()]
+
+
+def test_relative_difference_by_hand():
+    reference = torch.tensor([1.0, -2.0, 4.0])
+    assert relative_difference(torch.tensor([1.0, -2.0, 4.5]), reference) == pytest.approx(0.125)
+    assert relative_difference(reference.clone(), reference) == 0.0
+    assert relative_difference(torch.tensor([1.0, float("nan"), 4.0]), reference) == float("inf")
+    assert relative_difference(torch.ones(2), reference) == float("inf")  # another shape
+
+
+def test_every_lever_is_named_with_its_check_and_tolerance():
+    assert set(LEVERS) == set(Levers().names)
+    assert all(lever.check and lever.applies and lever.tolerance >= 0 for lever in LEVERS.values())
+    assert LEVERS["lean_decode"].tolerance == 0.0  # bit for bit
+
+
+def test_fast_paths_off_by_config_or_environment(monkeypatch):
+    monkeypatch.delenv("GRPO_PLUGIN_FAST_PATHS", raising=False)
+    assert default_levers() == Levers() and default_levers(False) == Levers.reference()
+    assert Levers.reference().names == []
+    monkeypatch.setenv("GRPO_PLUGIN_FAST_PATHS", "0")
+    assert default_levers() == Levers.reference()
+    assert PolicyEngine.build("cpu").levers == Levers.reference()
+
+
+def test_the_plan_per_device(monkeypatch):
+    monkeypatch.delenv("GRPO_PLUGIN_FAST_PATHS", raising=False)
+    assert levers_for("cpu") == Levers()
+    gpu = levers_for("cuda")
+    assert gpu.names == ["shared_prompt"]  # transformers' attention and peft's own forward
+    assert levers_for("cuda", fast_paths=False).names == []
+    assert decode_compiled(None, "cuda", True) and not decode_compiled(None, "cpu", True)
+    assert not decode_compiled(None, "cuda", False)  # the reference plan compiles nothing
+    assert decode_compiled(True, "cpu", True) and not decode_compiled(False, "cuda", True)
+
+
+def test_a_peft_layer_with_a_new_option_is_refused_and_runs_peft(tiny_model, monkeypatch, caplog):
+    """peft's LoRA forward gains something the fused forward does not know (here it scales its
+    output): the check sees the difference, no layer is fused, results are peft's."""
+    from peft.tuners.lora.layer import Linear as LoraLinear
+
+    original = LoraLinear.forward
+    monkeypatch.setattr(LoraLinear, "forward", lambda self, x, *a, **k: original(self, x) * 1.01)
+    model = _lora(tiny_model)
+    caplog.set_level("WARNING", logger=LEVER_LOG)
+    assert fuse_lora_linears(model) == 0
+    assert verdict("fused_lora", model) is False and len(_said(caplog, "fused_lora")) == 1
+    assert not any("forward" in vars(m) for m in model.modules() if type(m) is LoraLinear)
+    reference = _logps_and_grads(model, Levers.reference())
+    _assert_same(_logps_and_grads(model, Levers(frozen_head=False)), reference)
+
+
+def test_the_fused_lora_forward_is_admitted_on_peft_as_it_is(tiny_model):
+    model = _lora(tiny_model)
+    assert fuse_lora_linears(model) == 14  # 2 layers x 7 projections
+    assert verdict("fused_lora", model) is True
+
+
+def test_a_changed_decoder_layer_is_refused_and_decodes_through_transformers(monkeypatch, caplog):
+    """A transformers decoder layer whose forward changes (here: a new argument, and a residual
+    it scales): the lean step's first step differs, so every step runs transformers' forward,
+    with its tokens and log-probs."""
+    original = modeling_llama.LlamaDecoderLayer.forward
+
+    def changed(self, hidden_states, *args, new_option=1.001, **kwargs):
+        return original(self, hidden_states * new_option, *args, **kwargs)
+
+    monkeypatch.setattr(modeling_llama.LlamaDecoderLayer, "forward", changed)
+    from conftest import make_tiny_model
+
+    tokenizer = make_tiny_tokenizer()
+    model = make_tiny_model(tokenizer, initializer_range=0.5).eval()
+    prompts = [tokenizer("12+3=")["input_ids"], tokenizer("a longer prompt: 7*8=")["input_ids"]]
+
+    def sample(levers):
+        request = GenerationRequest(
+            sampling=SamplingParams(max_new_tokens=8), num_generations=3, eos_token_ids=[2],
+            pad_token_id=0, generator=torch.Generator().manual_seed(3), record_logprobs=True,
+            engine=DecodeEngine(levers=levers),
+        )  # fmt: skip
+        return generate_groups(model, prompts, request)
+
+    caplog.set_level("WARNING", logger=LEVER_LOG)
+    fast, reference = sample(Levers()), sample(Levers.reference())
+    assert verdict("lean_decode", model) is False and len(_said(caplog, "lean_decode")) == 1
+    assert torch.equal(fast.completion_ids, reference.completion_ids)
+    assert torch.equal(fast.sampling_logps, reference.sampling_logps)
+
+
+def test_a_broken_packed_attention_is_refused(tiny_model, monkeypatch, caplog):
+    original = padding_free.PackedRows.attention
+    monkeypatch.setattr(
+        padding_free.PackedRows, "attention", lambda self, *a: original(self, *a) * 1.01
+    )
+    model = _lora(tiny_model)
+    caplog.set_level("WARNING", logger=LEVER_LOG)
+    fast = _logps_and_grads(model, Levers(), share_prompt_prefix=True, padding_free=True)
+    assert verdict("padding_free", decoder_body(model)) is False
+    assert verdict("shared_prompt", decoder_body(model)) is True
+    assert len(_said(caplog, "padding_free")) == 1
+    unpacked = _logps_and_grads(model, Levers(padding_free=False), share_prompt_prefix=True)
+    _assert_same(fast, unpacked)  # the shared prompt, padded: what runs once packing is refused
+
+
+def test_a_broken_frozen_head_gradient_is_refused(tiny_model, monkeypatch, caplog):
+    backward = lm_head._FrozenHeadLogps.backward
+
+    def off(ctx, grad_logps, grad_entropy):
+        grad_hidden, *rest = backward(ctx, grad_logps, grad_entropy)
+        return (grad_hidden * 1.1, *rest)
+
+    monkeypatch.setattr(lm_head._FrozenHeadLogps, "backward", staticmethod(off))
+    model = _lora(tiny_model)
+    caplog.set_level("WARNING", logger=LEVER_LOG)
+    fast = _logps_and_grads(model, Levers())
+    head = model.get_base_model().get_output_embeddings()
+    assert verdict("frozen_head", head) is False and len(_said(caplog, "frozen_head")) == 1
+    _assert_same(fast, _logps_and_grads(model, Levers.reference()))
+
+
+def test_the_levers_admitted_match_the_reference_within_their_tolerance(tiny_model):
+    """Every training-forward lever on, checked and admitted: log-probs and grads agree with the
+    reference path (fused LoRA, shared prompt, packed completions, frozen head)."""
+    model = _lora(tiny_model)
+    assert fuse_lora_linears(model) == 14
+    options = dict(share_prompt_prefix=True, padding_free=True)
+    fast = _logps_and_grads(model, Levers(), **options)
+    body, head = decoder_body(model), model.get_base_model().get_output_embeddings()
+    assert verdict("shared_prompt", body) and verdict("padding_free", body)
+    assert verdict("frozen_head", head)
+    reference = _logps_and_grads(model, Levers.reference(), **options)
+    _assert_same(fast, reference, atol=5e-5)
+
+
+def test_the_trainer_in_reference_mode_fuses_nothing_and_learns_the_same(tiny_tokenizer, tmp_path):
+    from conftest import make_trainer
+
+    from grpo_plugin.engine.levers import LEVERS as _  # noqa: F401  (the table is importable)
+
+    peft = LoraConfig(r=4, target_modules="all-linear", lora_dropout=0.0)
+    runs = {}
+    for fast_paths in (True, False):
+        trainer = make_trainer(
+            tiny_tokenizer, tmp_path / str(fast_paths), peft=peft, max_steps=2,
+            fast_paths=fast_paths,
+        )  # fmt: skip
+        fused = sum("forward" in vars(m) for m in trainer.model.modules())
+        assert (fused > 0) == fast_paths
+        trainer.train()
+        runs[fast_paths] = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(runs[True]) == 2
+    assert runs[True] == pytest.approx(runs[False], abs=1e-5)
