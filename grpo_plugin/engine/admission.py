@@ -58,9 +58,9 @@ def admit_hidden(name: str, body: torch.nn.Module, fast: Callable, reference: Ca
 
 
 def admit_frozen_head(head: torch.nn.Module, fast: Callable, reference: Callable, hidden):
-    """Lever `frozen_head` on `head`: `fast(h)` and `reference(h)` give `(logps (C,), entropy)`
-    of the positions `hidden` `(C, H)`; their log-probs and the gradients of their sum with
-    respect to `h` are compared. True when admitted (now or before)."""
+    """Lever `frozen_head` on `head`: `fast(h)` and `reference(h)` give `(logps (C,), entropy
+    (C,))` of the positions `hidden` `(C, H)`; their log-probs, entropies and the gradients of
+    the log-probs' sum with respect to `h` are compared. True when admitted (now or before)."""
     known = verdict("frozen_head", head)
     if known is not None:
         return known
@@ -68,11 +68,8 @@ def admit_frozen_head(head: torch.nn.Module, fast: Callable, reference: Callable
     for form in (fast, reference):
         h = hidden.detach().clone().requires_grad_(True)
         with torch.enable_grad():
-            logps = form(h)[0]
+            logps, entropy = form(h)
             (grad,) = torch.autograd.grad(logps.sum(), h)
-        results.append((logps.detach(), grad))
-    (fast_logps, fast_grad), (ref_logps, ref_grad) = results
-    difference = max(
-        relative_difference(fast_logps, ref_logps), relative_difference(fast_grad, ref_grad)
-    )
+        results.append((logps.detach(), entropy.detach(), grad))
+    difference = max(relative_difference(a, b) for a, b in zip(*results, strict=True))
     return admitted("frozen_head", head, _scaled(difference, hidden.dtype))

@@ -270,10 +270,10 @@ def _frozen_head_admitted(head, first_chunk, scoring) -> bool:
     hidden, targets = first_chunk
 
     def fast(h):
-        return frozen_head_logps(head, h, targets, temperature, softcap, False)
+        return frozen_head_logps(head, h, targets, temperature, softcap, True)
 
     def reference(h):
-        return chunk_logps(head, h, targets, temperature, softcap, "")
+        return chunk_logps(head, h, targets, temperature, softcap, "detached")
 
     return admit_frozen_head(head, fast, reference, hidden)
 

@@ -15,7 +15,7 @@ from typing import Any
 from .generation import generate_groups
 from .multiturn import pack, run_tool_loop
 from .noise import SamplingNoise
-from .types import GenerationRequest, GroupSampling, Rollout, RolloutBatch, StepHook
+from .types import DecodeEngine, GenerationRequest, GroupSampling, Rollout, RolloutBatch, StepHook
 
 
 def prompt_problem(prompt: Any) -> str | None:
@@ -139,6 +139,7 @@ def _sample_with_tools(model, tokenizer, rows, settings: GroupSampling, noise) -
         share_prompt_prefix=settings.share_prompt_prefix,
         noise=noise,
         record_logprobs=settings.record_logprobs,
+        engine=DecodeEngine(levers=settings.engine.levers),  # the dynamic loop: its levers only
     )
     result = run_tool_loop(model, tokenizer, prompt_ids, boxes, setup, request)
     completions = [t.messages for t in result.trajectories]
