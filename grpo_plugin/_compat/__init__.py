@@ -32,6 +32,8 @@ library internals: it calls these helpers.
 | `LeanDecodeStep`                    | transformers 5.25 runs each one-token decode step through its mask builder, output-capturing and config-defaulting decorators and every layer's Hub-kernel and checkpointing wrappers: 30.9 ms per step of SmolLM2-135M's bf16 copy (16 rows), about 20 of them the weight products; the same operations on the same modules without that: 25.5 ms. Llama and Qwen2 (full attention, SDPA) only, without hooks, wrapped forwards or live dropout, and kept per model only where its first step equals transformers' logits bit for bit | transformers' decode step costs little beyond its operations (a compiled or graph-captured step) |
 | `fp16_weight_linear`, `set_fp16_weight` | torch 2.13 has a float16-weight linear with float32 compute on CPU (fbgemm) only in the deprecated `torch.ao` dynamic quantization, which warns on every layer | torch has a supported half-weight linear on CPU |
 | `moe_router_config` (`_of` a config), `moe_load_balancing_loss` | transformers 5.x MoE models keep the load-balancing loss in each modeling module and the expert counts on the `ForCausalLM` | transformers exposes one public aux-loss API |
+| `training_args_dict_fields`         | transformers 5.x turns JSON-string fields (`'{...}'`) into dicts in `TrainingArguments.__post_init__` only for those in its private `_VALID_DICT_FIELDS`; GRPOConfig extends that list with its own dict fields | transformers parses every dict-typed field, or lists them publicly |
+| `set_scheduler_last_lr`             | torch 2.13 `LRScheduler.get_last_lr()` returns private `_last_lr`, set only by `step()` (which counts a step and may warn); a schedule evaluated again at a resumed step (`training/run/resume.py`) sets it | torch can evaluate a schedule at a given step publicly |
 
 Private `transformers.Trainer` methods the trainer overrides (in `training/trainer.py`, the logic in
 `training/run/lifecycle.py`), checked against transformers 5.24:
@@ -42,6 +44,7 @@ Private `transformers.Trainer` methods the trainer overrides (in `training/train
 | `_init_training_state`              | a resume from a checkpoint at `max_steps` trained one more step (max_steps is checked only after a step); the epoch loop is skipped there (`lifecycle.skip_when_done`) | the Trainer checks max_steps before the first resumed step |
 | `_load_optimizer_and_scheduler`      | the one hook every process runs when resuming; also restores the trainer's own state | the Trainer has a resume-state hook |
 | `_get_grad_norm`                     | the last call before `optimizer.step()`; a non-finite norm stops the run | a public pre-step hook that sees the norm |
+| `_push_from_checkpoint` (called)     | the Trainer pushes a checkpoint from inside `_save_checkpoint`, which writes to a staging folder here; called once the folder is renamed (`lifecycle.save_checkpoint`) | the Trainer saves atomically |
 """
 
 from __future__ import annotations
@@ -72,6 +75,10 @@ from .lora import (  # noqa: F401  (re-exported: their rows of the table)
     fuse_lora_linears,
     lora_init_known,
     lora_variant_fields,
+)
+from .private_values import (  # noqa: F401  (re-exported: their rows of the table)
+    set_scheduler_last_lr,
+    training_args_dict_fields,
 )
 
 
