@@ -225,8 +225,6 @@ MANY_PARAMETERS_ALLOWED = {
     "training/evaluation/engine.py::evaluate": "keyword-only public eval API, one per "
     "EvalSettings field; the engine itself takes EvalSettings",
     "app/pipeline.py::evaluate_model": "keyword-only, one per `grpo-plugin eval` flag",
-    "training/publish/hub.py::publish": "keyword-only, one per `grpo-plugin push` flag (TRL's "
-    "push_to_hub keywords)",
 }
 
 
