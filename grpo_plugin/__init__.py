@@ -26,10 +26,12 @@ _EXPORTS = {
     "evaluate": "grpo_plugin.training.evaluation.engine",
     "run_recipe": "grpo_plugin.app.pipeline",
     "load_recipe": "grpo_plugin.app.recipe",
+    "ArithmeticProblems": "grpo_plugin.app.data",
     "arithmetic_dataset": "grpo_plugin.app.data",
     "gsm8k_dataset": "grpo_plugin.app.data",
 }
 __all__ = [
+    "ArithmeticProblems",
     "GRPOConfig",
     "GRPOTrainer",
     "__version__",
@@ -42,7 +44,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .app.data import arithmetic_dataset, gsm8k_dataset
+    from .app.data import ArithmeticProblems, arithmetic_dataset, gsm8k_dataset
     from .app.pipeline import run_recipe
     from .app.recipe import load_recipe
     from .training.config.grpo_config import GRPOConfig

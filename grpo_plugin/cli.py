@@ -320,20 +320,19 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def publish_from_args(args: argparse.Namespace) -> int:
     """Run `publish` from parsed CLI args; print the URL, or one error line. Returns an exit code."""
-    from .training.publish.hub import HubPublishError, publish
+    from .training.publish.hub import HubPublishError, PublishOptions, publish
 
+    options = PublishOptions(
+        private=args.private,
+        merge=args.merge,
+        revision=args.revision,
+        commit_message=args.commit_message,
+        include_checkpoints=args.include_checkpoints,
+        include_completions=args.include_completions,
+        gguf=args.gguf,
+    )
     try:
-        url = publish(
-            args.output_dir,
-            args.repo_id,
-            private=args.private,
-            merge=args.merge,
-            revision=args.revision,
-            commit_message=args.commit_message,
-            include_checkpoints=args.include_checkpoints,
-            include_completions=args.include_completions,
-            gguf=args.gguf,
-        )
+        url = publish(args.output_dir, args.repo_id, options)
     except ValueError as err:  # bad input, found before anything loads or uploads
         return fail(str(err))
     except HubPublishError as err:

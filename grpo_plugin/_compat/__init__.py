@@ -27,6 +27,8 @@ library internals: it calls these helpers.
 | `lora_init_known`, `LORA_INIT_OPTIONS` | peft 0.21 checks an `init_lora_weights` string only when it builds the adapter (after the model loaded); its list, to refuse an unknown one before | peft validates `init_lora_weights` in `LoraConfig` |
 | `lora_variant_fields`               | peft 0.21 picks a LoRA variant (DoRA, aLoRA, Arrow, MiCA, ...) from `LoraConfig` fields tagged `is_lora_variant` in their metadata (and `init_lora_weights` values listed there); read before the model loads, to refuse a rollout copy that cannot follow the variant | peft exposes a public "which variant" call on a config |
 | `moe_router_config` (`_of` a config), `moe_load_balancing_loss` | transformers 5.x MoE models keep the load-balancing loss in each modeling module and the expert counts on the `ForCausalLM` | transformers exposes one public aux-loss API |
+| `training_args_dict_fields`         | transformers 5.x turns JSON-string fields (`'{...}'`) into dicts in `TrainingArguments.__post_init__` only for those in its private `_VALID_DICT_FIELDS`; GRPOConfig extends that list with its own dict fields | transformers parses every dict-typed field, or lists them publicly |
+| `set_scheduler_last_lr`             | torch 2.13 `LRScheduler.get_last_lr()` returns private `_last_lr`, set only by `step()` (which counts a step and may warn); a schedule evaluated again at a resumed step (`training/run/resume.py`) sets it | torch can evaluate a schedule at a given step publicly |
 
 The policy's fast paths (`LeanDecodeStep`, `PackedBf16Linear`, `fp16_weight_linear`, the packed
 rows' SDPA entry, the fused LoRA forward) live in `grpo_plugin/engine/`, each a lever with an
@@ -42,6 +44,7 @@ Private `transformers.Trainer` methods the trainer overrides (in `training/train
 | `_init_training_state`              | a resume from a checkpoint at `max_steps` trained one more step (max_steps is checked only after a step); the epoch loop is skipped there (`lifecycle.skip_when_done`) | the Trainer checks max_steps before the first resumed step |
 | `_load_optimizer_and_scheduler`      | the one hook every process runs when resuming; also restores the trainer's own state | the Trainer has a resume-state hook |
 | `_get_grad_norm`                     | the last call before `optimizer.step()`; a non-finite norm stops the run | a public pre-step hook that sees the norm |
+| `_push_from_checkpoint` (called)     | the Trainer pushes a checkpoint from inside `_save_checkpoint`, which writes to a staging folder here; called once the folder is renamed (`lifecycle.save_checkpoint`) | the Trainer saves atomically |
 """
 
 from __future__ import annotations
@@ -63,6 +66,10 @@ from .lora import (  # noqa: F401  (re-exported: their rows of the table)
     LORA_INIT_OPTIONS,
     lora_init_known,
     lora_variant_fields,
+)
+from .private_values import (  # noqa: F401  (re-exported: their rows of the table)
+    set_scheduler_last_lr,
+    training_args_dict_fields,
 )
 
 

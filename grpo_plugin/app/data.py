@@ -32,6 +32,7 @@ from __future__ import annotations
 import difflib
 import json
 import random
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -71,27 +72,37 @@ def _chat(question: str, system_prompt: str | None, shots: list | None = None) -
     return [*system, *(shots or []), {"role": "user", "content": question}]
 
 
+@dataclass(frozen=True)
+class ArithmeticProblems:
+    """What `arithmetic_dataset`'s questions look like: "What is a + b?" with a from [low, high]
+    and b from [low_b, high_b] (default: the same range)."""
+
+    low: int = ARITHMETIC_LOW  # the first operand's smallest value (inclusive)
+    high: int = ARITHMETIC_HIGH  # the first operand's largest value (inclusive)
+    low_b: int | None = None  # the second operand's smallest value; None: `low`
+    high_b: int | None = None  # the second operand's largest value; None: `high`
+    operation: str = "+"  # "+" or "*": the `answer` column is a + b or a * b
+    template: str = ARITHMETIC_TEMPLATE  # the question, with {a} and {b}
+    system_prompt: str | None = None  # a system message before each question
+    shots: list[dict[str, Any]] | None = None  # messages between the system message and question
+
+
 def arithmetic_dataset(
     n_train: int = 64,
     n_eval: int = 64,
     *,
-    low: int = ARITHMETIC_LOW,
-    high: int = ARITHMETIC_HIGH,
     seed: int = 0,
-    template: str = ARITHMETIC_TEMPLATE,
-    system_prompt: str | None = None,
-    low_b: int | None = None,
-    high_b: int | None = None,
-    operation: str = "+",
-    shots: list[dict[str, Any]] | None = None,
+    problems: ArithmeticProblems | None = None,
 ) -> tuple[Dataset, Dataset]:
-    """Chat prompts "What is a + b?" with a from [low, high] and b from [low_b, high_b] (default:
-    the same range), plus an `answer` column (a + b, or a * b with `operation="*"`).
+    """`(train, eval)` chat prompts of `problems` (default `ArithmeticProblems()`: a + b in
+    [0, 20]), plus an `answer` column.
 
     Train and eval pairs are distinct (no (a, b) pair appears in both) and fixed by `seed`;
     `shots` (messages) go between the system message and each question.
     """
-    low_b, high_b = low if low_b is None else low_b, high if high_b is None else high_b
+    q = problems or ArithmeticProblems()
+    low, high, operation, template = q.low, q.high, q.operation, q.template
+    low_b, high_b = low if q.low_b is None else q.low_b, high if q.high_b is None else q.high_b
     if low > high or low_b > high_b:
         raise ValueError(f"arithmetic: low={low} must be <= high={high} (and low_b <= high_b)")
     if "{a}" not in template or "{b}" not in template:
@@ -119,7 +130,7 @@ def arithmetic_dataset(
         return Dataset.from_dict(
             {
                 "prompt": [
-                    _chat(template.format(a=a, b=b), system_prompt, shots) for a, b in chunk
+                    _chat(template.format(a=a, b=b), q.system_prompt, q.shots) for a, b in chunk
                 ],
                 "answer": [str(OPERATIONS[operation](a, b)) for a, b in chunk],
             }
@@ -337,11 +348,12 @@ def load_prompt_datasets(spec: dict[str, Any]) -> tuple[Dataset, Dataset | None]
     name = spec.get("name")
     train_size, eval_size = spec.get("train_size"), spec.get("eval_size")
     if name == "arithmetic":
-        names = ("low", "high", "seed", "template", "system_prompt", "low_b", "high_b")
-        kwargs = {k: spec[k] for k in (*names, "operation", "shots") if k in spec}
+        keys = [f.name for f in fields(ArithmeticProblems)]
+        problems = ArithmeticProblems(**{k: spec[k] for k in keys if k in spec})
         n_train = 64 if train_size is None else train_size
+        n_eval = 64 if eval_size is None else eval_size
         train, held_out = arithmetic_dataset(
-            n_train, 64 if eval_size is None else eval_size, **kwargs
+            n_train, n_eval, seed=spec.get("seed", 0), problems=problems
         )
         return train, held_out if len(held_out) else None  # eval_size: 0 means no held-out set
     if name == "gsm8k":

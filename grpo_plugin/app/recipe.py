@@ -114,11 +114,23 @@ class Recipe:
     source: str | None = None
 
 
-def recipe_parser(prog: str = "grpo-plugin train RECIPE.yaml") -> HfArgumentParser:
-    """The `HfArgumentParser` whose flags (and `--help`) cover every recipe key."""
-    parser = HfArgumentParser((RecipeArguments, GRPOConfig), prog=prog, allow_abbrev=False)
+def recipe_parser(
+    prog: str = "grpo-plugin train RECIPE.yaml", typed_only: bool = False
+) -> HfArgumentParser:
+    """The `HfArgumentParser` whose flags (and `--help`) cover every recipe key; `typed_only`:
+    one whose namespace holds only the flags a user typed (`parse_overrides`)."""
+    kind = _TypedFlagsParser if typed_only else HfArgumentParser
+    parser = kind((RecipeArguments, GRPOConfig), prog=prog, allow_abbrev=False)
     parser.error = _raise_parse_error  # one line, not usage + error
     return parser
+
+
+class _TypedFlagsParser(HfArgumentParser):
+    """Every argument's default is `argparse.SUPPRESS`: argparse leaves a flag the user did not
+    type out of the namespace, so only what was typed comes back (not the fields' defaults)."""
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        return super().add_argument(*args, **{**kwargs, "default": argparse.SUPPRESS})
 
 
 _FLAG_TYPE = re.compile(r"argument --(\w+)\S*: invalid (int|float|string_to_bool) value: (.*)")
@@ -232,10 +244,7 @@ def _split_dotted(flags: Sequence[str]) -> tuple[list[str], list[tuple[str, str,
 def parse_overrides(flags: Sequence[str]) -> dict[str, Any]:
     """The recipe keys given on the command line, typed by HfArgumentParser (nothing else)."""
     flags, dotted = _split_dotted(flags)
-    parser = recipe_parser()
-    for action in parser._actions:
-        action.default = argparse.SUPPRESS  # only what the user typed comes back
-    namespace, unknown = parser.parse_known_args(flags)
+    namespace, unknown = recipe_parser(typed_only=True).parse_known_args(flags)
     if unknown:
         flag = next((u for u in unknown if u.startswith("-")), unknown[0])
         if not flag.startswith("-"):

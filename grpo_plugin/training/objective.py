@@ -18,6 +18,7 @@ tokens and the adaptive coefficient moves on the global mean entropy, as in TRL.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -120,11 +121,14 @@ class TrainingObjective:
         logps: torch.Tensor,
         entropy: torch.Tensor,
         batch: TrainingBatch,
-        tokens_per_slice: float,
+        tokens_per_slice: float | None,
         aux_loss: torch.Tensor | None = None,
         training: bool = True,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """`(loss, metrics)` for `(n, Tc)` log-probs and entropies of the micro-batch `batch`."""
+        """`(loss, metrics)` for `(n, Tc)` log-probs and entropies of the micro-batch `batch`.
+        `tokens_per_slice`: the rollout's loss tokens per micro-slice, the denominator of the
+        token-level loss types (None: this micro-batch's own tokens); `training`: the adaptive
+        entropy coefficient observes the batch."""
         mask = batch.loss_mask  # (n, Tc)
         token_mask = None
         if self.top_entropy_quantile < 1.0:
@@ -135,7 +139,8 @@ class TrainingObjective:
         loss, stats = policy_loss(
             logps, old, ref, adv, mask, params, token_mask=token_mask, sampling_weights=weights
         )
-        if self.params.loss_type in TOKEN_LEVEL_LOSS_TYPES:  # per-token mean over the rollout
+        rollout_mean = tokens_per_slice is not None
+        if self.params.loss_type in TOKEN_LEVEL_LOSS_TYPES and rollout_mean:  # over the rollout
             loss = loss * max(float(mask.sum()), 1.0) / max(tokens_per_slice, 1.0)
         elif self.params.loss_type == "bnpo":  # per-token mean over the micro-batch
             loss = loss * self._global_share(mask)
@@ -149,6 +154,18 @@ class TrainingObjective:
             loss = loss + self.aux_loss_coef * aux_loss
             metrics["aux_loss"] = float(aux_loss.detach())
         return loss, metrics
+
+    def evaluation_loss(
+        self, logps: torch.Tensor, entropy: torch.Tensor, batch: TrainingBatch
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """`(loss, metrics)` of an evaluation chunk, through this objective (its loss type and
+        options, masks, entropy bonus at the current coefficient), so that evaluation and
+        training compute one loss. Nothing moves (the adaptive coefficient observes training
+        only) and nothing is gathered: processes evaluate different numbers of chunks, so every
+        token mean is over this chunk's own tokens."""
+        alone = copy.copy(self)  # the same params and entropy controller, without collectives
+        alone.accelerator = None
+        return alone(logps, entropy, batch, tokens_per_slice=None, training=False)
 
     def _sampling_weights(self, logps: torch.Tensor, batch: TrainingBatch):
         """`(weights or None, metrics)`: the correction for a rollout a cheaper copy sampled.

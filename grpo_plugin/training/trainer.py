@@ -89,7 +89,7 @@ class GRPOTrainer(TRLAttributes, TrainerLoaders, Trainer):
         environment_factory: Any = None,
         eval_metrics: Callable | str | None = None,
     ):
-        model_name = model if isinstance(model, str) else model.config._name_or_path
+        model_name = model if isinstance(model, str) else model.config.name_or_path
         args = args or GRPOConfig(output_dir=f"{Path(str(model_name)).name}-GRPO")
         if not isinstance(args, GRPOConfig):
             raise TypeError(f"args must be a grpo_plugin.GRPOConfig, got {type(args).__name__}.")
@@ -100,7 +100,8 @@ class GRPOTrainer(TRLAttributes, TrainerLoaders, Trainer):
         train_dataset = tool_inputs.owned_data(train_dataset, args)  # None: the environment's
         train_dataset, eval_dataset = check_inputs(model, args, train_dataset, eval_dataset)
         tool_inputs.check_dataset(train_dataset)
-        self._previous_run_files = run_lock.previous_run_files(args.output_dir)  # before any write
+        # the output dir's files from earlier runs, before any write: train() claims the dir
+        self.previous_run_files = run_lock.previous_run_files(args.output_dir)
         init_kwargs = trainer_init_kwargs(model, args, quantization_config, peft_config)
         context = RewardContext.of(self)  # trainer_state, log_extra and log_metric for rewards
         extra = tool_inputs.reward_functions()  # environments' get_reward, as in TRL
@@ -165,7 +166,8 @@ class GRPOTrainer(TRLAttributes, TrainerLoaders, Trainer):
     def _add_trl_features(self, args: GRPOConfig) -> None:
         """The loss's extras (entropy, MoE router loss; state saved with checkpoints), reward
         models on the policy's device, TR-DPO reference syncing, TRL's warnings."""
-        self._objective = TrainingObjective.for_model(args, self.model, self.accelerator)
+        # the loss of one micro-batch and its extras (objective.py); evaluation's loss too
+        self.training_objective = TrainingObjective.for_model(args, self.model, self.accelerator)
         self.rewards.place(self.args.device, args.chat_template_kwargs)
         if args.sync_ref_model:
             self.add_callback(
@@ -288,7 +290,7 @@ class GRPOTrainer(TRLAttributes, TrainerLoaders, Trainer):
         """`sharing`: (rows per shared prompt, share at all); default the training micro-batch's."""
         group, share = sharing or (self._share_group, self.args.share_prompt_prefix)
         held = distributed.held_prompt(self.accelerator, self.args, self._held_prompt)
-        a, objective = self.args, self._objective
+        a, objective = self.args, self.training_objective
         options = self.engine.options(
             temperature=a.temperature,
             chunk_size=a.logprob_chunk_size,
@@ -330,7 +332,7 @@ class GRPOTrainer(TRLAttributes, TrainerLoaders, Trainer):
         self, model, inputs: TrainingBatch, return_outputs=False, num_items_in_batch=None
     ):
         out = self._logps(model, inputs, entropy=True, loss=True)  # (n, Tc) each
-        loss, metrics = self._objective(
+        loss, metrics = self.training_objective(
             out.logps,
             out.entropy,
             inputs,
@@ -340,7 +342,7 @@ class GRPOTrainer(TRLAttributes, TrainerLoaders, Trainer):
         )
         guards.check_loss(loss, self.state.global_step)
         if model.training and self.accelerator.sync_gradients:
-            metrics.update(self._objective.end_optimizer_step())
+            metrics.update(self.training_objective.end_optimizer_step())
         self._metrics.update(metrics)
         return (loss, None) if return_outputs else loss
 
@@ -374,7 +376,9 @@ class GRPOTrainer(TRLAttributes, TrainerLoaders, Trainer):
         return self._staging_dir or super()._get_output_dir(trial)
 
     def _save_checkpoint(self, model, trial) -> None:
-        lifecycle.save_checkpoint(self, lambda d: self._save_staged(model, trial, d))
+        save = self._save_staged
+        push = self._push_from_checkpoint  # transformers' (private): a checkpoint to the Hub
+        lifecycle.save_checkpoint(self, lambda d: save(model, trial, d), push)
 
     def _save_staged(self, model, trial, staging: str) -> None:
         """The Trainer's own checkpoint saving, into `staging` (pushed once renamed)."""
@@ -390,7 +394,7 @@ class GRPOTrainer(TRLAttributes, TrainerLoaders, Trainer):
         state = self.run_state.state_dict(mid_rollout(self.args, self.state.global_step))
         checkpoints.save_state(checkpoint, self.args.process_index, state)
         if self.is_world_process_zero():
-            self._objective.save_state(checkpoint)  # TRL's entropy_ctrl_state.json
+            self.training_objective.save_state(checkpoint)  # TRL's entropy_ctrl_state.json
 
     def plan_batch(self, checkpoint: str | None) -> None:
         """auto_find_batch_size, before the first step: `autopilot.choose`'s plan (None: kept),
@@ -411,7 +415,7 @@ class GRPOTrainer(TRLAttributes, TrainerLoaders, Trainer):
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         super()._load_optimizer_and_scheduler(checkpoint)
-        self._objective.load_state(checkpoint)  # the adaptive entropy coefficient, as TRL
+        self.training_objective.load_state(checkpoint)  # the adaptive entropy coefficient, as TRL
         resume.after_restore(self, checkpoint)  # the schedule as configured, at the restored step
         lifecycle.after_load(self, checkpoint)  # the run state; then what came after it set aside
 

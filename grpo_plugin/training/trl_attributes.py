@@ -2,10 +2,11 @@
 user code and callbacks that read them (`trainer.beta`, `trainer.reward_weights`, ...).
 
 Each is a view of what the trainer already holds: the config (`self.args`, the trainer's own
-copy), the reward sources (`self.rewards`) and the loss (`self._objective`), so there is one value
-and no copy to drift. The config copies can be set too, as TRL's plain attributes can: the value
-goes to the trainer's `args` and is read from there by the next rollout (`trainer.temperature =
-0.7`); set them before `train()` for the ones fixed at construction (`beta`, `num_generations`).
+copy), the reward sources (`self.rewards`) and the loss (`self.training_objective`), so there is
+one value and no copy to drift. The config copies can be set too, as TRL's plain attributes can:
+the value goes to the trainer's `args` and is read from there by the next rollout
+(`trainer.temperature = 0.7`); set them before `train()` for the ones fixed at construction
+(`beta`, `num_generations`).
 
 TRL's public helpers `get_high_entropy_mask` and `get_off_policy_mask` are here too, with TRL's
 signatures, over the same equations the loss uses (`core/masks.py`). Reading `entropy_coef` during training gives the adaptive
@@ -76,7 +77,7 @@ class TRLAttributes:
     args: Any
     rewards: Any
     tool_setup: Any
-    _objective: Any
+    training_objective: Any
 
     # --- rewards: TRL's lists and its float32 weight tensor, environments' rewards last -------
     @property
@@ -127,7 +128,7 @@ class TRLAttributes:
     @property
     def entropy_coef(self) -> float:
         """The entropy bonus's coefficient now: with `use_adaptive_entropy` it moves each step."""
-        return self._objective.entropy.coef
+        return self.training_objective.entropy.coef
 
     @property
     def router_aux_loss_coef(self) -> float:

@@ -9,6 +9,7 @@ from conftest import GSM8K_DIR
 from datasets import Dataset
 
 from grpo_plugin.app.data import (
+    ArithmeticProblems,
     arithmetic_dataset,
     dataset_hub_ids,
     gsm8k_dataset,
@@ -27,7 +28,7 @@ def _pairs(dataset):
 
 
 def test_arithmetic_answers_are_the_sums():
-    train, held_out = arithmetic_dataset(16, 8, low=3, high=9, seed=1)
+    train, held_out = arithmetic_dataset(16, 8, seed=1, problems=ArithmeticProblems(low=3, high=9))
     assert (len(train), len(held_out)) == (16, 8)
     for messages, answer in zip(train["prompt"], train["answer"]):
         assert messages == [{"role": "user", "content": messages[0]["content"]}]
@@ -50,9 +51,10 @@ def test_arithmetic_is_seeded_and_splits_are_disjoint():
 
 
 def test_arithmetic_template_and_system_prompt():
-    train, _ = arithmetic_dataset(
-        2, 1, low=1, high=2, template="Add {a} and {b}.", system_prompt="Be brief."
+    wording = ArithmeticProblems(
+        low=1, high=2, template="Add {a} and {b}.", system_prompt="Be brief."
     )
+    train, _ = arithmetic_dataset(2, 1, problems=wording)
     first = train[0]["prompt"]
     assert first[0] == {"role": "system", "content": "Be brief."}
     assert first[1]["content"].startswith("Add ")
@@ -64,11 +66,13 @@ def test_arithmetic_template_and_system_prompt():
         (dict(n_train=3, n_eval=2, low=1, high=2), "distinct pairs"),  # only 4 pairs
         (dict(low=5, high=1), "low=5"),
         (dict(template="What is {a}?"), "template"),
+        (dict(operation="-"), "operation='-'; use one of"),
     ],
 )
 def test_arithmetic_rejects_bad_settings(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        arithmetic_dataset(**kwargs)
+        sizes = {k: kwargs.pop(k) for k in ("n_train", "n_eval") if k in kwargs}
+        arithmetic_dataset(**sizes, problems=ArithmeticProblems(**kwargs))
 
 
 @needs_gsm8k
@@ -183,10 +187,11 @@ def test_require_columns_names_missing_and_present():
 
 def test_arithmetic_multiplication_with_its_own_ranges_and_shots():
     shot = [{"role": "user", "content": "What is 2 * 3?"}, {"role": "assistant", "content": "6"}]
-    train, held_out = arithmetic_dataset(
-        20, 10, low=100, high=999, low_b=10, high_b=99, operation="*", shots=shot,
+    problems = ArithmeticProblems(
+        low=100, high=999, low_b=10, high_b=99, operation="*", shots=shot,
         system_prompt="Use the tool.",
     )  # fmt: skip
+    train, held_out = arithmetic_dataset(20, 10, problems=problems)
     for row in train:
         a, b = map(
             int, row["prompt"][-1]["content"].removeprefix("What is ").rstrip("?").split(" * ")
@@ -196,8 +201,6 @@ def test_arithmetic_multiplication_with_its_own_ranges_and_shots():
     spec = {"name": "arithmetic", "operation": "*", "low_b": 1, "high_b": 9, "shots": shot}
     loaded, _ = load_prompt_datasets(spec)
     assert loaded[0]["prompt"][0]["content"] == "What is 2 * 3?"
-    with pytest.raises(ValueError, match="operation='-'; use one of"):
-        arithmetic_dataset(operation="-")
 
 
 def test_a_hub_dataset_offline_and_not_cached_is_one_line():

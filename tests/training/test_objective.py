@@ -85,3 +85,30 @@ def test_the_moe_router_loss_is_added_with_its_coefficient(tmp_path):
     assert metrics["aux_loss"] == pytest.approx(2.5)
     (grad,) = torch.autograd.grad(loss, aux)
     assert grad.item() == pytest.approx(0.01)  # the router gets exactly coef of the gradient
+
+
+def test_an_evaluation_loss_gathers_nothing_and_moves_no_state(tmp_path, monkeypatch):
+    """Processes evaluate different numbers of chunks: a collective there would hang a run."""
+
+    def local_only(name):
+        real = getattr(objective_module.distributed, name)
+
+        def call(accelerator, value):
+            assert accelerator is None, f"evaluation called the collective {name}"
+            return real(accelerator, value)  # one process: the value itself
+
+        monkeypatch.setattr(objective_module.distributed, name, call)
+
+    local_only("mean_over_processes")
+    local_only("gather_objects")
+    config = tiny_config(tmp_path, loss_type="dapo", entropy_coef=0.5, use_adaptive_entropy=True,
+                         entropy_target=5.0)  # fmt: skip
+    objective = TrainingObjective(config, accelerator=object())  # trains on several processes
+    objective.entropy.last_entropy = 1.0  # below the target: the bonus applies at c = 0.5
+    entropy = torch.tensor([[1.0, 2.0], [3.0, 9.0]])
+    loss, metrics = objective.evaluation_loss(torch.zeros(2, 2), entropy, batch([[1, 1], [1, 0]]))
+    # on-policy, ratio 1: per-token -A = (-1, -1 | +1), dapo's mean over this chunk's 3 tokens
+    assert metrics["policy_loss"] == pytest.approx(-1 / 3)
+    assert loss.item() == pytest.approx(-1 / 3 - 0.5 * (1 + 2 + 3) / 3)
+    assert objective.entropy.window() == (0.0, 0.0)  # the adaptive coefficient saw nothing
+    assert objective.accelerator is not None  # the training objective itself is unchanged

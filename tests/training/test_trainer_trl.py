@@ -116,11 +116,11 @@ def _tiny_moe(tokenizer):
 def test_moe_router_aux_loss_is_added_and_logged(tiny_tokenizer, tmp_path):
     model = _tiny_moe(tiny_tokenizer)
     trainer = make_trainer(tiny_tokenizer, tmp_path, model=model, max_steps=1)
-    assert trainer._objective.aux_loss_coef == 0.01  # the config's own coefficient
+    assert trainer.training_objective.aux_loss_coef == 0.01  # the config's own coefficient
     trainer.train()
     assert trainer.state.log_history[0]["aux_loss"] > 1.0  # ~1 when balanced, x num_experts
     off = make_trainer(tiny_tokenizer, tmp_path, model=model, router_aux_loss_coef=0.0)
-    assert not off._objective.needs_aux_loss
+    assert not off.training_objective.needs_aux_loss
     with pytest.raises(ValueError, match="router_aux_loss_coef=0.5 is set but LlamaForCausalLM"):
         make_trainer(tiny_tokenizer, tmp_path, router_aux_loss_coef=0.5)
 

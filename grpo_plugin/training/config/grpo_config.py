@@ -35,6 +35,7 @@ from typing import Any
 
 from transformers import TrainingArguments
 
+from ..._compat import training_args_dict_fields
 from ...core.objectives import LossParams
 from ...core.sampling_correction import CorrectionParams
 from ...engine.levers import Levers, default_levers
@@ -523,8 +524,8 @@ class GRPOConfig(TrainingArguments):
         "GRPO_PLUGIN_FAST_PATHS=0 does the same for every run.",
         True,
     )
-    # JSON strings `{...}` of these become dicts in TrainingArguments.__post_init__
-    _VALID_DICT_FIELDS = TrainingArguments._VALID_DICT_FIELDS + [
+    # JSON strings `{...}` of these become dicts in TrainingArguments.__post_init__ (_compat)
+    _VALID_DICT_FIELDS = training_args_dict_fields() + [
         "generation_kwargs",
         "model_init_kwargs",
         "chat_template_kwargs",

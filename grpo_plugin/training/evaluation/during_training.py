@@ -8,8 +8,10 @@ Each held-out set is read in chunks of `per_device_eval_batch_size` completions,
 2. with `num_generations_eval` = k > 1, k completions per prompt sampled with the training
    settings: unbiased `pass@k` (Chen et al. 2021, https://arxiv.org/abs/2107.03374);
 3. on those k completions (on the greedy ones when k == 1), TRL's evaluation metrics: the reward
-   means (`reward`, `rewards/<fn>/mean`), completion lengths, and the GRPO loss with its entropy,
-   KL (beta > 0) and clip ratios, computed without grad. With k == 1 and beta == 0 the loss is 0
+   means (`reward`, `rewards/<fn>/mean`), completion lengths, and the loss with its entropy, KL
+   (beta > 0) and clip ratios, computed without grad by the training objective (`objective.py`:
+   one loss for both, its loss type, masks and entropy bonus; on-policy, no token mean shared
+   with other processes or chunks). With k == 1 and beta == 0 the loss is 0
    by construction (advantage 0), and the forward pass that would only add the entropy (it costs
    about as much as the greedy decoding) is skipped: no `entropy` then.
 
@@ -35,9 +37,8 @@ from typing import Any
 
 import torch
 
-from ...core.objectives import policy_loss
 from ...rollout.dynamic_sampling import informative_groups
-from ...rollout.types import Rollout
+from ...rollout.types import Rollout, TrainingBatch
 from ..callbacks import evaluation_progress
 from ..metrics import nanstd
 from ..objective import rollout_advantages
@@ -46,6 +47,9 @@ from .engine import EvalEngine, EvalSettings, EvalTarget, EvalTotals
 from .setup import best_metric_key, check_eval_datasets, check_metrics_result, prefixed
 
 LOSS_STATS = ("clip_ratio/low", "clip_ratio/high", "clip_ratio/region")
+# the objective's metrics an evaluation logs besides loss and entropy (policy_loss: the term
+# before the entropy bonus, with entropy_coef > 0)
+EVAL_STATS = tuple(f"{key}_mean" for key in LOSS_STATS) + ("kl", "policy_loss")
 
 
 def eval_settings(args: Any) -> EvalSettings:
@@ -150,7 +154,8 @@ class SetEvaluator(EvalEngine):
         totals.logged = context.pop_metric_values()  # log_metric: eval_<name>
 
     def chunk_stats(self, rollout: Rollout) -> dict[str, float]:
-        """The GRPO loss on the scored completions (advantages within each group of k)."""
+        """The training objective's loss on the scored completions (advantages within each
+        group of k), and its statistics."""
         a, b, k = self.args, rollout.batch, self.k
         if k == 1 and a.beta == 0:
             # One completion per prompt: no group to compare with, so every advantage is 0 (as in
@@ -177,25 +182,17 @@ class SetEvaluator(EvalEngine):
         if a.beta > 0:
             with reference_mode(model, self.trainer.ref_model) as reference:
                 ref_logps = engine.logprobs(reference, tokens, options).logps
-        loss, stats = policy_loss(
-            logps,
-            None,
-            ref_logps,
-            advantages.reshape(-1).float().to(logps.device),
-            loss_mask,
-            a.loss_params(),  # the training loss type and its options (on-policy: ratio 1)
-        )
-        valid = b.model_mask.bool()
-        out = {"loss": loss.item(), "entropy": entropy[valid].mean().item() if valid.any() else 0.0}
-        out.update({f"{key}_mean": stats[key] for key in LOSS_STATS if key in stats})
-        if "kl" in stats:
-            out["kl"] = stats["kl"]
-        bonus = self.trainer._objective.entropy  # TRL's eval loss: the policy term - c * H
-        if bonus.enabled:
-            out["policy_loss"], out["loss"] = (
-                out["loss"],
-                out["loss"] - bonus.applied() * out["entropy"],
-            )
+        batch = TrainingBatch(
+            *tokens[:4],
+            loss_mask=loss_mask,
+            advantages=advantages.reshape(-1).float().to(logps.device),
+            sampled_mask=b.sampled_mask,
+            ref_logps=ref_logps,
+        )  # on-policy (ratio 1); the sampling correction is training's alone
+        objective = self.trainer.training_objective  # TRL's eval loss: the training loss
+        loss, metrics = objective.evaluation_loss(logps, entropy, batch)
+        out = {"loss": loss.item(), "entropy": metrics.get("entropy", 0.0)}
+        out.update({key: metrics[key] for key in EVAL_STATS if key in metrics})
         return out
 
 

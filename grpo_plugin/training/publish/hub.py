@@ -26,6 +26,7 @@ import logging
 import os
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 from huggingface_hub import CommitOperationAdd, HfApi, constants, get_token
@@ -199,21 +200,29 @@ def _network_error(err: Exception, endpoint: str, repo_id: str, token: str) -> H
     )
 
 
+@dataclass(frozen=True)
+class PublishOptions:
+    """What `publish` uploads and how: one field per `grpo-plugin push` flag (and the keywords
+    of `GRPOTrainer.push_to_hub`)."""
+
+    private: bool = False  # create the repo as private (an existing repo keeps its visibility)
+    merge: bool = False  # upload a LoRA run merged into its base model (full weights)
+    revision: str | None = None  # the branch to commit to (default: the repo's main branch)
+    commit_message: str | None = None  # default: "Upload <what> trained with grpo-plugin"
+    include_checkpoints: bool = False  # also upload the checkpoint-*/ folders
+    include_completions: bool = False  # also upload the completions/ parquet files
+    gguf: str | None = None  # a GGUF type (f16, q8_0, ...): also upload GGUF + Ollama Modelfile
+
+
 def publish(
     output_dir: str | Path,
     repo_id: str,
+    options: PublishOptions | None = None,
     *,
-    private: bool = False,
-    merge: bool = False,
-    revision: str | None = None,
-    commit_message: str | None = None,
     token: str | None = None,
-    include_checkpoints: bool = False,
-    include_completions: bool = False,
-    gguf: str | None = None,
 ) -> str:
-    """Upload a run's output dir as one commit; returns the commit URL. `gguf`: a type
-    (`f16`, `q8_0`, ...) to upload the run also as a GGUF + Ollama Modelfile (`gguf.py`).
+    """Upload a run's output dir as one commit, as `options` say (default `PublishOptions()`);
+    returns the commit URL.
 
     Raises ValueError for a bad repo id, a dir without adapter/model, a bad GGUF type or no token
     (before any network call) and HubPublishError when the Hub fails (after huggingface_hub's
@@ -221,6 +230,8 @@ def publish(
     """
     from .gguf import check_quant
 
+    o = options or PublishOptions()
+    merge, gguf = o.merge, o.gguf
     output_dir = Path(output_dir)
     check_repo_id(repo_id)
     if gguf:
@@ -240,8 +251,8 @@ def publish(
         files = select_files(
             output_dir,
             kind="merged" if merged else kind,
-            include_checkpoints=include_checkpoints,
-            include_completions=include_completions,
+            include_checkpoints=o.include_checkpoints,
+            include_completions=o.include_completions,
         )
         if merged:
             merged_dir = merge_adapter(output_dir, Path(staging) / "merged")
@@ -255,7 +266,7 @@ def publish(
             output_dir, merged=merged or kind == "full", repo_id=repo_id, gguf_file=gguf_file
         )
         message = (
-            commit_message
+            o.commit_message
             or f"Upload {'merged model' if merged else KIND_NAMES[kind]} trained with grpo-plugin"
         )
         api = HfApi(endpoint=endpoint, token=token, library_name="grpo-plugin")
@@ -265,8 +276,8 @@ def publish(
                 api,
                 repo_id,
                 _operations(files, str(card)),
-                private=private,
-                revision=revision,
+                private=o.private,
+                revision=o.revision,
                 commit_message=message,
             )
         except Exception as err:  # any network/HTTP failure: one clear error, token scrubbed
@@ -279,7 +290,8 @@ def publish(
 
 
 def publish_trainer(trainer, repo_id: str | None, token: str | None, **kwargs) -> str:
-    """`GRPOTrainer.push_to_hub`: save, plot, write the card, publish as one commit."""
+    """`GRPOTrainer.push_to_hub`: save, plot, write the card, publish as one commit (`kwargs`:
+    `PublishOptions` fields)."""
     from .card import write_model_card
     from .plot import plot_reward_curve
 
@@ -290,4 +302,4 @@ def publish_trainer(trainer, repo_id: str | None, token: str | None, **kwargs) -
     if (out / METRICS_FILE).exists():
         plot_reward_curve(out)
     write_model_card(out)
-    return publish(out, repo_id, token=token, **kwargs)
+    return publish(out, repo_id, PublishOptions(**kwargs), token=token)

@@ -43,7 +43,7 @@ class RewardModel:
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, source: str | None = None):
         self.model, self.tokenizer = model, tokenizer
-        self.source = source or getattr(model.config, "_name_or_path", "") or type(model).__name__
+        self.source = source or getattr(model.config, "name_or_path", "") or type(model).__name__
         self.__name__ = model_display_name(model)
         self.chat_template_kwargs: dict[str, Any] = {}
         if tokenizer.pad_token_id is None:
@@ -84,7 +84,7 @@ class RewardModel:
 
 def model_display_name(model: torch.nn.Module) -> str:
     """TRL's metric name of a reward model: the last part of its model id (else its class)."""
-    name = str(getattr(model.config, "_name_or_path", "") or "").rstrip("/")
+    name = str(getattr(model.config, "name_or_path", "") or "").rstrip("/")
     return name.split("/")[-1] or type(model).__name__
 
 
@@ -219,7 +219,7 @@ def _check_loaded_classifier(model: torch.nn.Module) -> None:
 def _load_tokenizer(model: torch.nn.Module, trust_remote_code: bool) -> Any:
     from transformers import AutoTokenizer
 
-    source = getattr(model.config, "_name_or_path", None)
+    source = getattr(model.config, "name_or_path", None)
     if not source:
         raise RewardModelError(
             f"reward model {type(model).__name__} has no name to load its tokenizer from; pass "

@@ -56,7 +56,7 @@ def train(trainer: Any, base_train: Callable[..., Any], resume: str | bool | Non
     resume_checks.prepare(trainer, checkpoint)  # every piece there, the same run (resume.py)
     main = trainer.is_world_process_zero()
     # the earlier run's files as found when the trainer was built (not its own writes)
-    found, resuming = trainer._previous_run_files, checkpoint is not None
+    found, resuming = trainer.previous_run_files, checkpoint is not None
     others_ok = a.allow_other_files_in_output_dir
 
     def claim() -> None:
@@ -127,11 +127,14 @@ def _newest(output_dir: str) -> str | None:
     return str(found) if found is not None else None
 
 
-def save_checkpoint(trainer: Any, save_staged: Callable[[str], None]) -> None:
+def save_checkpoint(
+    trainer: Any, save_staged: Callable[[str], None], push: Callable[[str], None]
+) -> None:
     """Write `checkpoint-<step>` atomically: `save_staged(staging_dir)` (the Trainer's own
-    saving, redirected there by the trainer), then the trainer's `RunState`, then rename."""
+    saving, redirected there by the trainer), then the trainer's `RunState`, then rename; with
+    `push_to_hub`, `push(folder)` (the Trainer's push) from the renamed folder."""
     run_dir = trainer.args.output_dir
-    push = trainer.args.push_to_hub  # pushed once renamed, from its final folder
+    pushing = trainer.args.push_to_hub  # pushed once renamed, from its final folder
 
     def write(staged: Path) -> None:
         save_staged(str(staged.parent))
@@ -146,8 +149,8 @@ def save_checkpoint(trainer: Any, save_staged: Callable[[str], None]) -> None:
     acc, main = trainer.accelerator, trainer.is_world_process_zero()
     step = trainer.state.global_step
     final = checkpoints.write_atomically(run_dir, step, write, main, acc.wait_for_everyone)
-    if push:
-        trainer._push_from_checkpoint(str(final))
+    if pushing:
+        push(str(final))
     if main:
         _rotate(trainer, run_dir)
     acc.wait_for_everyone()

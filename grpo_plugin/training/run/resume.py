@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ..._compat import set_scheduler_last_lr
 from .. import cpu_threads
 from . import checkpoints, rundir
 
@@ -394,7 +395,7 @@ def rebuild_schedule(optimizer: Any, scheduler: Any, plan: SchedulePlan, args: A
         lrs = [base * fn(step) for base, fn in zip(scheduler.base_lrs, lambdas)]
         for group, base, lr in zip(optimizer.param_groups, scheduler.base_lrs, lrs):
             group["initial_lr"], group["lr"] = base, lr
-        scheduler._last_lr = lrs
+        set_scheduler_last_lr(scheduler, lrs)  # what get_last_lr() reports
         what = _listed(plan.changes) or "a fresh optimizer (its moments start at zero)"
         _warn_once(
             f"Resuming at step {step} with {what}: the {_kind(args)} schedule is evaluated at "

@@ -196,3 +196,24 @@ def test_hook_metric_for_best_model_missing_fails_at_the_first_evaluation(tiny_t
     )  # fmt: skip
     with pytest.raises(ValueError, match="metric_for_best_model='f1' is not among"):
         trainer.train()
+
+
+def test_the_eval_loss_is_the_training_objectives(tiny_tokenizer, tmp_path):
+    trainer = make_trainer(
+        tiny_tokenizer, tmp_path, eval_data=EVAL_DATA[:2], num_generations_eval=2,
+        per_device_eval_batch_size=4, entropy_coef=0.1,
+    )  # fmt: skip
+    objective, losses = trainer.training_objective, []
+    computed = objective.evaluation_loss
+
+    def recorded(*args):
+        loss, metrics = computed(*args)
+        losses.append(loss.item())
+        return loss, metrics
+
+    objective.evaluation_loss = recorded
+    metrics = trainer.evaluate()
+    assert len(losses) == 1 and metrics["eval_loss"] == pytest.approx(losses[0])  # one chunk
+    # TRL's eval loss: the policy term minus the entropy bonus, as in training
+    bonus = 0.1 * metrics["eval_entropy"]
+    assert metrics["eval_loss"] == pytest.approx(metrics["eval_policy_loss"] - bonus, rel=1e-5)

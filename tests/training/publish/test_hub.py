@@ -25,7 +25,12 @@ from huggingface_hub import ModelCard, constants
 
 from grpo_plugin.cli import main
 from grpo_plugin.training.publish.card import write_model_card
-from grpo_plugin.training.publish.hub import HubPublishError, merge_adapter, publish
+from grpo_plugin.training.publish.hub import (
+    HubPublishError,
+    PublishOptions,
+    merge_adapter,
+    publish,
+)
 from grpo_plugin.training.publish.plot import plot_reward_curve
 
 TOKEN = "hf_TestTokenDoNotLeak0123456789abcdef"
@@ -121,7 +126,7 @@ def test_publish_uploads_files_bytes_and_card_in_one_commit(trained, hub, caplog
     run_dir, _ = trained
     before = digest_tree(run_dir)
     caplog.set_level("DEBUG")
-    url = publish(run_dir, REPO, private=True, commit_message="first upload")
+    url = publish(run_dir, REPO, PublishOptions(private=True, commit_message="first upload"))
 
     assert len(hub.commits) == 1 and hub.commits[0]["summary"] == "first upload"
     assert url == f"{hub.url}/{REPO}/commit/{hub.commits[0]['oid']}"
@@ -231,7 +236,7 @@ def test_merge_of_an_adapter_trained_on_a_4bit_base(tmp_path, tiny_model_dir, ti
 
 def test_checkpoints_and_completions_only_when_asked(trained, hub):
     run_dir, _ = trained
-    publish(run_dir, REPO, include_checkpoints=True, include_completions=True)
+    publish(run_dir, REPO, PublishOptions(include_checkpoints=True, include_completions=True))
     files = set(digest_tree(hub.repo_dir(REPO)))
     assert {"checkpoint-20/optimizer.pt", "completions/step_000001.parquet"} <= files
     assert not files & {"grpo_run.json", "metrics.jsonl"}
@@ -360,7 +365,7 @@ def test_publish_gguf_uploads_it_with_a_modelfile_and_a_card_section(bpe_run, hu
     from transformers import AutoModelForCausalLM
 
     before = digest_tree(bpe_run)
-    publish(bpe_run, REPO, gguf="q8_0")
+    publish(bpe_run, REPO, PublishOptions(gguf="q8_0"))
     assert len(hub.commits) == 1
     stored = hub.repo_dir(REPO)
     files = set(digest_tree(stored))
@@ -381,10 +386,10 @@ def test_publish_gguf_uploads_it_with_a_modelfile_and_a_card_section(bpe_run, hu
 
 def test_publish_gguf_bad_type_or_tokenizer_commits_nothing(bpe_run, trained, hub):
     with pytest.raises(ValueError, match="--gguf 'q3_k' is not a type"):
-        publish(bpe_run, REPO, gguf="q3_k")
+        publish(bpe_run, REPO, PublishOptions(gguf="q3_k"))
     assert (
         main(["publish", str(bpe_run), "--repo-id", REPO, "--gguf", "q3_k"]) == 2
     )  # bad input: exit 2, before any upload
     with pytest.raises(ValueError, match="not byte-level BPE"):
-        publish(trained[0], REPO, gguf="f16")  # the char-level test tokenizer
+        publish(trained[0], REPO, PublishOptions(gguf="f16"))  # the char-level test tokenizer
     assert hub.commits == []

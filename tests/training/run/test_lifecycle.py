@@ -163,7 +163,7 @@ def test_evaluate_then_train_works_but_a_rerun_is_refused(tiny_tokenizer, tmp_pa
 def test_a_non_finite_loss_stops_before_the_weights_change(tiny_tokenizer, tmp_path):
     out = tmp_path / "out"
     trainer = trainer_for(tiny_tokenizer, out, num_iterations=1, steps_per_generation=1)
-    objective = trainer._objective
+    objective = trainer.training_objective
 
     class PoisonAtStep3:
         def __getattr__(self, name):
@@ -173,7 +173,7 @@ def test_a_non_finite_loss_stops_before_the_weights_change(tiny_tokenizer, tmp_p
             loss, metrics = objective(*args, **kwargs)
             return (loss * torch.nan if trainer.state.global_step == 2 else loss), metrics
 
-    trainer._objective = PoisonAtStep3()
+    trainer.training_objective = PoisonAtStep3()
     with pytest.raises(NonFiniteError, match="step 3: the loss is nan; stopping before"):
         trainer.train()
     assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-2"]
