@@ -90,9 +90,21 @@ LEVERS: dict[str, Lever] = {
 }
 
 
+_ENV_WORDS = {"1": True, "true": True, "on": True, "yes": True}
+_ENV_WORDS.update({"0": False, "false": False, "off": False, "no": False})
+
+
 def fast_paths_from_env() -> bool:
-    """False when the environment says `GRPO_PLUGIN_FAST_PATHS=0` (or false / off / no)."""
-    return os.environ.get(ENV_VARIABLE, "1").strip().lower() not in ("0", "false", "off", "no")
+    """False when the environment says `GRPO_PLUGIN_FAST_PATHS=0` (or false / off / no); any
+    word but those and 1 / true / on / yes is refused, naming the variable."""
+    value = os.environ.get(ENV_VARIABLE, "1")
+    word = value.strip().lower()
+    if word not in _ENV_WORDS:
+        raise ValueError(
+            f"{ENV_VARIABLE}={value!r}: set it to 0 (every fast path off: the reference path) "
+            "or 1 (the default), or unset it."
+        )
+    return _ENV_WORDS[word]
 
 
 @dataclass(frozen=True)

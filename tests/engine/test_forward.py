@@ -123,6 +123,7 @@ def test_prefix_shared_forward_matches_plain_logps_and_lora_grads(tiny_model):
     _assert_grads_close(plain_grads, shared_grads)
 
 
+@pytest.mark.fast_paths
 def test_gradient_checkpointing_falls_back_with_one_warning(tiny_model, caplog):
     tiny_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model = _lora(tiny_model).train()

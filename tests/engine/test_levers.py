@@ -80,9 +80,12 @@ def test_fast_paths_off_by_config_or_environment(monkeypatch):
     monkeypatch.delenv("GRPO_PLUGIN_FAST_PATHS", raising=False)
     assert default_levers() == Levers() and default_levers(False) == Levers.reference()
     assert Levers.reference().names == []
-    monkeypatch.setenv("GRPO_PLUGIN_FAST_PATHS", "0")
+    monkeypatch.setenv("GRPO_PLUGIN_FAST_PATHS", "off")
     assert default_levers() == Levers.reference()
     assert PolicyEngine.build("cpu").levers == Levers.reference()
+    monkeypatch.setenv("GRPO_PLUGIN_FAST_PATHS", "disable")
+    with pytest.raises(ValueError, match=r"GRPO_PLUGIN_FAST_PATHS='disable': set it to 0"):
+        default_levers()
 
 
 def test_the_plan_per_device(monkeypatch):
@@ -194,6 +197,7 @@ def test_the_levers_admitted_match_the_reference_within_their_tolerance(tiny_mod
     _assert_same(fast, reference, atol=5e-5)
 
 
+@pytest.mark.fast_paths
 def test_the_trainer_in_reference_mode_fuses_nothing_and_learns_the_same(tiny_tokenizer, tmp_path):
     from conftest import make_trainer
 

@@ -96,6 +96,7 @@ def test_a_freed_block_stays_in_the_heap_for_the_next_step():
 
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's mallopt")
+@pytest.mark.fast_paths
 def test_training_on_a_cpu_applies_it(tiny_tokenizer, tmp_path):
     from conftest import make_trainer
 

@@ -13,6 +13,9 @@ from grpo_plugin.engine.prompt_grad import SharedPromptGrad
 G = 6  # rows per group
 MICRO = 2  # rows per micro-batch: a group is 3 micro-batches
 
+# the held prompt is the `shared_prompt` lever: GRPO_PLUGIN_FAST_PATHS=0 never holds one
+pytestmark = pytest.mark.fast_paths
+
 
 def _lora(model):
     from peft import LoraConfig, get_peft_model
@@ -91,7 +94,6 @@ def _in_order(rows: int) -> list[list[int]]:
     return [list(range(start, start + MICRO)) for start in range(0, rows, MICRO)]
 
 
-@pytest.mark.fast_paths
 def test_each_prompt_is_encoded_once_for_its_three_micro_batches_exactly(tiny_model):
     model = pre_admitted(_lora(tiny_model))  # its forwards are counted
     batch = _batch()

@@ -283,7 +283,8 @@ def test_training_from_a_bf16_copy_logs_the_mismatch(tiny_tokenizer, tmp_path):
     copy_model = trainer._sampler.copy.model
     packed = [m for m in copy_model.modules() if isinstance(m, PackedBf16Linear)]
     merged = [m for m in packed if m is not copy_model.get_output_embeddings()]
-    assert merged and not any(m.holds_weight for m in merged)  # freed for training
+    if packed:  # the packed_bf16 lever (a CPU whose torch packs for oneDNN)
+        assert merged and not any(m.holds_weight for m in merged)  # freed for training
     weights = [p for p in copy_model.parameters() if p.dim() == 2]
     released = [p for p in weights if p.untyped_storage().nbytes() == 0]
     if not packed:  # plain layers: freed the same way
