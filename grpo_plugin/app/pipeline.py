@@ -68,24 +68,28 @@ def _eval_reward(recipe: Recipe, rewards: list[Callable]) -> Callable:
 
 
 def _evaluate(trainer, dataset, reward_fn: Callable, recipe: Recipe, label: str) -> dict[str, Any]:
-    from ..training.evaluation.engine import evaluate
+    from ..training.evaluation.engine import EvalRuntime, EvalSettings, evaluate
 
+    c = recipe.config
     spec = {k: v for k, v in (recipe.args.eval or {}).items() if k not in ("reward", "before")}
-    spec.setdefault("k", 8)
-    spec.setdefault("max_new_tokens", recipe.config.max_completion_length)
-    spec.setdefault("temperature", recipe.config.temperature)
-    spec.setdefault("seed", recipe.config.seed)
-    spec["max_prompt_length"] = recipe.config.max_prompt_length  # prompts encoded as in training
-    spec["chat_template_kwargs"] = recipe.config.chat_template_kwargs
+    spec.setdefault("max_new_tokens", c.max_completion_length)
+    spec.setdefault("temperature", c.temperature)
+    spec.setdefault("seed", c.seed)
+    spec["max_prompt_length"] = c.max_prompt_length  # prompts encoded as in training
+    spec.update(
+        chat_template_kwargs=c.chat_template_kwargs, share_prompt_prefix=c.share_prompt_prefix
+    )
+    settings = EvalSettings.from_options(spec)
     model = trainer.accelerator.unwrap_model(trainer.model)
-    spec["accelerator"] = trainer.accelerator  # sharded over the processes, then gathered
-    spec["tools"] = trainer.tool_setup  # the tools are available before and after alike
-    spec["share_prompt_prefix"] = recipe.config.share_prompt_prefix
-    spec["checks"] = trainer.rewards.checks  # reward_timeout and the non-finite checks hold here
     total = len(dataset) if trainer.accelerator.num_processes == 1 else None
     with evaluation_progress(trainer, label, total) as advance:
-        spec["progress"] = advance
-        result = evaluate(model, trainer.processing_class, dataset, reward_fn, **spec)
+        runtime = EvalRuntime(
+            trainer.accelerator,  # sharded over the processes, then gathered
+            tools=trainer.tool_setup,  # the tools are available before and after alike
+            checks=trainer.rewards.checks,  # reward_timeout and the non-finite checks hold here
+            progress=advance,
+        )
+        result = evaluate(model, trainer.processing_class, dataset, reward_fn, settings, runtime)
     keep = ("accuracy", "n", "tool_call_rate", "tool_calls")
     keep += tuple(k for k in result if k.startswith("pass@"))
     return {k: result[k] for k in keep if k in result}
@@ -373,7 +377,7 @@ def evaluate_model(
     with `tools` the model may call (`tool_options`: an object with the `GRPOConfig` tool fields);
     bad arguments raise `RecipeError` before the model loads."""
     from ..training.config.checks import check_tools
-    from ..training.evaluation.engine import evaluate
+    from ..training.evaluation.engine import EvalRuntime, EvalSettings, evaluate
     from ..training.evaluation.setup import check_eval_options
     from ..training.policy import load_adapter, load_policy
     from ..training.rewards.reward_models import resolve_reward_name
@@ -412,8 +416,8 @@ def evaluate_model(
         setup = tool_inputs.setup(tokenizer, tool_options) if tools else None
     except ValueError as err:
         raise RecipeError(one_line(err)) from err
-    options = {"k": k, "max_new_tokens": max_new_tokens, "batch_size": batch_size}
-    options["checks"] = _default_checks()  # as in a training run
-    scores = evaluate(policy, tokenizer, data, reward_fn, tools=setup, **options)
+    settings = EvalSettings.from_options(options)
+    runtime = EvalRuntime(tools=setup, checks=_default_checks())  # checks: as in a training run
+    scores = evaluate(policy, tokenizer, data, reward_fn, settings, runtime)
     run = {"model": model_name, "adapter": adapter, "dataset": dataset_label(spec)}
     return {**run, "reward": reward, "tools": list(tools or []), **scores}
