@@ -230,7 +230,6 @@ MANY_PARAMETERS_ALLOWED = {
     "TRL scripts run unchanged",
     "core/losses.py::policy_loss": "the objective's 5 tensors + LossParams; token_mask keyword; "
     "**settings is the documented keyword shortcut for LossParams",
-    "app/pipeline.py::evaluate_model": "keyword-only, one per `grpo-plugin eval` flag",
 }
 
 
