@@ -118,15 +118,17 @@ def _build_trainer(recipe: Recipe, rewards: list[Callable], data: RecipeData):
     return trainer
 
 
-def training_evaluations(trainer, evaluation: dict[str, Any]) -> dict[str, Any]:
+def training_evaluations(
+    watch: dict[str, Any], state: Any, evaluation: dict[str, Any]
+) -> dict[str, Any]:
     """eval.json's `curve` (before, every evaluation during training, after: at the step of the
     weights it measured), `best_step` and `best_metric` when a best model was tracked, and the
-    reward-hacking `alarms`."""
+    reward-hacking `alarms`; `watch` is the trainer's `eval_watch.summary`, `state` its
+    `TrainerState` (the log history and the step)."""
     from ..training.evaluation.curve import build_curve
 
-    watch = trainer.eval_watch.summary(trainer.args, trainer.state)
-    after_step = watch.get("weights_step", trainer.state.global_step)
-    history = trainer.state.log_history
+    after_step = watch.get("weights_step", state.global_step)
+    history = state.log_history
     before, after = evaluation.get("before"), evaluation.get("after")
     out: dict[str, Any] = {"curve_split": "test"}
     if "validation_before" in evaluation:  # the curve is the validation split's, test aside
@@ -318,7 +320,8 @@ def _stages(
     if held_out is not None:
         stage.now = "the evaluation after training"
         evaluation["after"] = _evaluate(trainer, held_out, eval_fn, recipe, "eval after training")
-    evaluation.update(training_evaluations(trainer, evaluation))
+    watch = trainer.eval_watch.summary(trainer.args, trainer.state)
+    evaluation.update(training_evaluations(watch, trainer.state, evaluation))
     stage.now = "writing eval.json, the curve, the model card and the report"
     if trainer.is_world_process_zero():  # one writer (several processes run this function)
         rundir.write_json(out / rundir.EVAL_FILE, evaluation)
