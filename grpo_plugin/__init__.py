@@ -23,6 +23,8 @@ _EXPORTS = {
     "GRPOConfig": "grpo_plugin.training.config.grpo_config",
     "GRPOTrainer": "grpo_plugin.training.trainer",
     "load_policy": "grpo_plugin.training.policy",
+    "EvalSettings": "grpo_plugin.training.evaluation.engine",
+    "SamplingParams": "grpo_plugin.rollout.types",
     "evaluate": "grpo_plugin.training.evaluation.engine",
     "run_recipe": "grpo_plugin.app.pipeline",
     "load_recipe": "grpo_plugin.app.recipe",
@@ -32,8 +34,10 @@ _EXPORTS = {
 }
 __all__ = [
     "ArithmeticProblems",
+    "EvalSettings",
     "GRPOConfig",
     "GRPOTrainer",
+    "SamplingParams",
     "__version__",
     "arithmetic_dataset",
     "evaluate",
@@ -47,8 +51,9 @@ if TYPE_CHECKING:
     from .app.data import ArithmeticProblems, arithmetic_dataset, gsm8k_dataset
     from .app.pipeline import run_recipe
     from .app.recipe import load_recipe
+    from .rollout.types import SamplingParams
     from .training.config.grpo_config import GRPOConfig
-    from .training.evaluation.engine import evaluate
+    from .training.evaluation.engine import EvalSettings, evaluate
     from .training.policy import load_policy
     from .training.trainer import GRPOTrainer
 

@@ -198,24 +198,24 @@ def cmd_train(argv: Sequence[str]) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .app.pipeline import evaluate_model
+    from .app.eval_model import EvalRequest, evaluate_model
     from .models import EmbeddedModelMissing
     from .training.rewards.scoring import RewardFunctionError
 
     try:
-        result = evaluate_model(
-            model=args.model,
-            adapter=args.adapter,
+        request = EvalRequest(
             dataset=args.dataset,
             reward=args.reward,
+            model=args.model,
+            adapter=args.adapter,
             k=args.k,
             eval_size=args.eval_size,
             max_new_tokens=args.max_new_tokens,
             batch_size=args.batch_size,
             load_in_4bit=args.load_in_4bit,
-            tools=args.tool,
-            tool_options=args,  # --tool-chat-template, --tool-timeout, ...
+            tools=tuple(args.tool or ()),
         )
+        result = evaluate_model(request, args)  # args: --tool-chat-template, --tool-timeout, ...
     except (RecipeError, EmbeddedModelMissing) as err:
         return fail(str(err))
     except RewardFunctionError as err:

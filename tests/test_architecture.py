@@ -230,9 +230,6 @@ MANY_PARAMETERS_ALLOWED = {
     "TRL scripts run unchanged",
     "core/losses.py::policy_loss": "the objective's 5 tensors + LossParams; token_mask keyword; "
     "**settings is the documented keyword shortcut for LossParams",
-    "training/evaluation/engine.py::evaluate": "keyword-only public eval API, one per "
-    "EvalSettings field; the engine itself takes EvalSettings",
-    "app/pipeline.py::evaluate_model": "keyword-only, one per `grpo-plugin eval` flag",
 }
 
 

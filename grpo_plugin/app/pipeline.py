@@ -20,14 +20,13 @@ import shlex
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import yaml
 
 import reward_fns
 
-from ..training import distributed, inputs, progress
+from ..training import distributed, progress
 from ..training.callbacks import evaluation_progress, trainer_phase
 from ..training.run import checkpoints, rundir
 from ..training.run import lock as run_lock
@@ -68,24 +67,28 @@ def _eval_reward(recipe: Recipe, rewards: list[Callable]) -> Callable:
 
 
 def _evaluate(trainer, dataset, reward_fn: Callable, recipe: Recipe, label: str) -> dict[str, Any]:
-    from ..training.evaluation.engine import evaluate
+    from ..training.evaluation.engine import EvalRuntime, EvalSettings, evaluate
 
+    c = recipe.config
     spec = {k: v for k, v in (recipe.args.eval or {}).items() if k not in ("reward", "before")}
-    spec.setdefault("k", 8)
-    spec.setdefault("max_new_tokens", recipe.config.max_completion_length)
-    spec.setdefault("temperature", recipe.config.temperature)
-    spec.setdefault("seed", recipe.config.seed)
-    spec["max_prompt_length"] = recipe.config.max_prompt_length  # prompts encoded as in training
-    spec["chat_template_kwargs"] = recipe.config.chat_template_kwargs
+    spec.setdefault("max_new_tokens", c.max_completion_length)
+    spec.setdefault("temperature", c.temperature)
+    spec.setdefault("seed", c.seed)
+    spec["max_prompt_length"] = c.max_prompt_length  # prompts encoded as in training
+    spec.update(
+        chat_template_kwargs=c.chat_template_kwargs, share_prompt_prefix=c.share_prompt_prefix
+    )
+    settings = EvalSettings.from_options(spec)
     model = trainer.accelerator.unwrap_model(trainer.model)
-    spec["accelerator"] = trainer.accelerator  # sharded over the processes, then gathered
-    spec["tools"] = trainer.tool_setup  # the tools are available before and after alike
-    spec["share_prompt_prefix"] = recipe.config.share_prompt_prefix
-    spec["checks"] = trainer.rewards.checks  # reward_timeout and the non-finite checks hold here
     total = len(dataset) if trainer.accelerator.num_processes == 1 else None
     with evaluation_progress(trainer, label, total) as advance:
-        spec["progress"] = advance
-        result = evaluate(model, trainer.processing_class, dataset, reward_fn, **spec)
+        runtime = EvalRuntime(
+            trainer.accelerator,  # sharded over the processes, then gathered
+            tools=trainer.tool_setup,  # the tools are available before and after alike
+            checks=trainer.rewards.checks,  # reward_timeout and the non-finite checks hold here
+            progress=advance,
+        )
+        result = evaluate(model, trainer.processing_class, dataset, reward_fn, settings, runtime)
     keep = ("accuracy", "n", "tool_call_rate", "tool_calls")
     keep += tuple(k for k in result if k.startswith("pass@"))
     return {k: result[k] for k in keep if k in result}
@@ -115,15 +118,17 @@ def _build_trainer(recipe: Recipe, rewards: list[Callable], data: RecipeData):
     return trainer
 
 
-def training_evaluations(trainer, evaluation: dict[str, Any]) -> dict[str, Any]:
+def training_evaluations(
+    watch: dict[str, Any], state: Any, evaluation: dict[str, Any]
+) -> dict[str, Any]:
     """eval.json's `curve` (before, every evaluation during training, after: at the step of the
     weights it measured), `best_step` and `best_metric` when a best model was tracked, and the
-    reward-hacking `alarms`."""
+    reward-hacking `alarms`; `watch` is the trainer's `eval_watch.summary`, `state` its
+    `TrainerState` (the log history and the step)."""
     from ..training.evaluation.curve import build_curve
 
-    watch = trainer.eval_watch.summary(trainer.args, trainer.state)
-    after_step = watch.get("weights_step", trainer.state.global_step)
-    history = trainer.state.log_history
+    after_step = watch.get("weights_step", state.global_step)
+    history = state.log_history
     before, after = evaluation.get("before"), evaluation.get("after")
     out: dict[str, Any] = {"curve_split": "test"}
     if "validation_before" in evaluation:  # the curve is the validation split's, test aside
@@ -315,7 +320,8 @@ def _stages(
     if held_out is not None:
         stage.now = "the evaluation after training"
         evaluation["after"] = _evaluate(trainer, held_out, eval_fn, recipe, "eval after training")
-    evaluation.update(training_evaluations(trainer, evaluation))
+    watch = trainer.eval_watch.summary(trainer.args, trainer.state)
+    evaluation.update(training_evaluations(watch, trainer.state, evaluation))
     stage.now = "writing eval.json, the curve, the model card and the report"
     if trainer.is_world_process_zero():  # one writer (several processes run this function)
         rundir.write_json(out / rundir.EVAL_FILE, evaluation)
@@ -327,93 +333,3 @@ def _stages(
                 write_report(out)
     evaluation["total_seconds"] = round(time.perf_counter() - start, 1)
     return evaluation
-
-
-# ----------------------------------------------------------------------------- grpo-plugin eval
-
-
-def _base_of_adapter(adapter: str) -> str:
-    run = rundir.read_json(Path(adapter) / rundir.RUN_INFO_FILE)
-    if run is not None:
-        return run["base_model_path"]
-    config = rundir.read_json(Path(adapter) / "adapter_config.json")
-    if config is not None:
-        return config["base_model_name_or_path"]
-    raise RecipeError(
-        f"{adapter} has no {rundir.RUN_INFO_FILE} or adapter_config.json; pass --model"
-    )
-
-
-def _default_checks():
-    """GRPOConfig's default reward checks (reward_timeout, nan_rewards_as_unscored)."""
-    import dataclasses
-
-    from ..training.config.grpo_config import GRPOConfig
-    from ..training.rewards.scoring import RewardChecks
-
-    defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
-    return RewardChecks.from_args(SimpleNamespace(**defaults))
-
-
-def evaluate_model(
-    *,
-    model: str | None,
-    adapter: str | None,
-    dataset: str,
-    reward: str,
-    k: int = 8,
-    eval_size: int | None = None,
-    max_new_tokens: int = 64,
-    batch_size: int = 32,
-    load_in_4bit: bool = False,
-    tools: list[str] | None = None,
-    tool_options: Any = None,
-) -> dict[str, Any]:
-    """`grpo-plugin eval`: greedy accuracy and pass@k of a model (and adapter) on a dataset spec,
-    with `tools` the model may call (`tool_options`: an object with the `GRPOConfig` tool fields);
-    bad arguments raise `RecipeError` before the model loads."""
-    from ..training.config.checks import check_tools
-    from ..training.evaluation.engine import evaluate
-    from ..training.evaluation.setup import check_eval_options
-    from ..training.policy import load_adapter, load_policy
-    from ..training.rewards.reward_models import resolve_reward_name
-    from ..training.sampling.tools import ToolInputs
-    from .data import load_prompt_datasets, parse_dataset_arg, validate_dataset_spec
-
-    try:
-        options = {"k": k, "max_new_tokens": max_new_tokens, "batch_size": batch_size}
-        check_eval_options(options, name=lambda key: "--" + key.replace("_", "-"))
-        if eval_size is not None and (isinstance(eval_size, bool) or eval_size < 1):
-            raise ValueError(f"--eval-size={eval_size!r} must be >= 1 (prompts to evaluate on)")
-        if tools and tool_options is not None:
-            check_tools(tool_options)  # --tool-timeout, --max-tool-result-length, ...
-        spec = parse_dataset_arg(dataset)
-        if eval_size is not None:
-            spec["eval_size"] = eval_size
-        validate_dataset_spec(spec)
-        reward_fn = resolve_reward_name(reward)  # names, 'module:function', 'file.py:function'
-        train, held_out = load_prompt_datasets(spec)
-        data = held_out if held_out is not None else train
-        if eval_size is not None:
-            data = data.select(range(min(eval_size, len(data))))
-        if adapter:
-            inputs.check_adapter_dir(adapter)
-        model_name = model or (adapter and _base_of_adapter(adapter))
-        if not model_name:
-            raise RecipeError("pass --model (or --adapter DIR of a grpo-plugin run)")
-        tool_inputs = ToolInputs.check(tools or None, None, None)
-        inputs.check_model_source(model_name)  # as `train` checks it: before anything loads
-    except (ValueError, TypeError, KeyError) as err:
-        raise RecipeError(one_line(err)) from err
-    policy, tokenizer = load_policy(model_name, load_in_4bit=load_in_4bit)
-    if adapter:
-        policy = load_adapter(policy, adapter)
-    try:
-        setup = tool_inputs.setup(tokenizer, tool_options) if tools else None
-    except ValueError as err:
-        raise RecipeError(one_line(err)) from err
-    options = {"k": k, "max_new_tokens": max_new_tokens, "batch_size": batch_size}
-    options["checks"] = _default_checks()  # as in a training run
-    scores = evaluate(policy, tokenizer, data, reward_fn, tools=setup, **options)
-    run = {"model": model_name, "adapter": adapter, "dataset": dataset_label(spec)}
-    return {**run, "reward": reward, "tools": list(tools or []), **scores}

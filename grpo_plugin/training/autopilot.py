@@ -285,7 +285,7 @@ def plan(trainer: Any, kept: int | None = None) -> Plan:
     return Plan(m, step_rows // m, rollout_rows // m, chunk, probes, budget)
 
 
-def _checkpoint_micro_batch(trainer: Any, checkpoint: str | None) -> int | None:
+def _checkpoint_micro_batch(args: Any, checkpoint: str | None) -> int | None:
     """The micro-batch a checkpoint was trained with (its `train_batch_size`), if any."""
     if checkpoint is None:
         return None
@@ -295,7 +295,7 @@ def _checkpoint_micro_batch(trainer: Any, checkpoint: str | None) -> int | None:
     if not state_file.is_file():
         return None
     size = TrainerState.load_from_json(str(state_file)).train_batch_size
-    return None if size is None else size // max(1, trainer.args.n_gpu)
+    return None if size is None else size // max(1, args.n_gpu)
 
 
 def choose(trainer: Any, checkpoint: str | None = None) -> Plan | None:
@@ -313,7 +313,7 @@ def choose(trainer: Any, checkpoint: str | None = None) -> Plan | None:
             a.per_device_train_batch_size,
         )
         return None
-    chosen = plan(trainer, _checkpoint_micro_batch(trainer, checkpoint))
+    chosen = plan(trainer, _checkpoint_micro_batch(trainer.args, checkpoint))
     probes = ", ".join(f"{rows} rows {peak / GIB:.2f} GB" for rows, peak in chosen.probes.items())
     probes = f"probed peak {probes}" if probes else "micro-batch kept from the checkpoint"
     logger.info(

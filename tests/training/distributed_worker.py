@@ -162,7 +162,7 @@ def length_score(prompts, completions, **kwargs):
 
 
 def sharded_eval(out: Path) -> None:
-    from grpo_plugin.training.evaluation.engine import evaluate
+    from grpo_plugin.training.evaluation.engine import EvalRuntime, EvalSettings, evaluate
 
     trainer = tiny_trainer(out / "eval-run", 8)
     model = trainer.accelerator.unwrap_model(trainer.model)
@@ -171,10 +171,8 @@ def sharded_eval(out: Path) -> None:
         trainer.processing_class,
         trainer.train_dataset.select(range(7)),  # 7 prompts: shards of 4 and 3
         length_score,
-        k=2,
-        max_new_tokens=8,
-        batch_size=2,
-        accelerator=trainer.accelerator,
+        EvalSettings.from_options({"k": 2, "max_new_tokens": 8, "batch_size": 2}),
+        EvalRuntime(accelerator=trainer.accelerator),
     )
     in_training = trainer.evaluate(trainer.train_dataset.select(range(7)))  # also sharded
     if trainer.is_world_process_zero():
@@ -231,14 +229,15 @@ def _report(run) -> dict:
 
 
 def eval_error(out: Path) -> None:
-    from grpo_plugin.training.evaluation.engine import evaluate
+    from grpo_plugin.training.evaluation.engine import EvalRuntime, EvalSettings, evaluate
 
     trainer = tiny_trainer(out / "run", 8, reward=fails_on_process_1)
     model, data = trainer.accelerator.unwrap_model(trainer.model), trainer.train_dataset
+    greedy = EvalSettings.from_options({"k": 0, "max_new_tokens": 4})
+    sharded = EvalRuntime(accelerator=trainer.accelerator)
     reports = {
         "function": _report(lambda: evaluate(model, trainer.processing_class, data.select(range(4)),
-                                             fails_on_process_1, k=0, max_new_tokens=4,
-                                             accelerator=trainer.accelerator)),
+                                             fails_on_process_1, greedy, sharded)),
         "trainer": _report(lambda: trainer.evaluate(data.select(range(4)))),
     }  # fmt: skip
     for name, report in reports.items():

@@ -209,14 +209,14 @@ def test_fsdp2_policy_step_equals_one_process(two_processes):
 
 
 def test_sharded_evaluation_equals_one_process(two_processes, tmp_path):
-    from grpo_plugin.training.evaluation.engine import evaluate
+    from grpo_plugin.training.evaluation.engine import EvalSettings, evaluate
 
     worker = load_script(WORKER, "distributed_worker")
     trainer = worker.tiny_trainer(tmp_path / "eval", 16)
     model = trainer.accelerator.unwrap_model(trainer.model)
     data = trainer.train_dataset.select(range(7))
-    one = evaluate(model, trainer.processing_class, data, worker.length_score, k=2,
-                   max_new_tokens=8, batch_size=2)  # fmt: skip
+    settings = EvalSettings.from_options({"k": 2, "max_new_tokens": 8, "batch_size": 2})
+    one = evaluate(model, trainer.processing_class, data, worker.length_score, settings)
     two = json.loads((two_processes / "eval" / "eval.json").read_text())
     assert two["n"] == one["n"] == 7
     assert 0 < one["accuracy"] < 1  # the check can fail both ways

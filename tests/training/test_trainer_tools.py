@@ -376,7 +376,7 @@ def test_a_template_we_cannot_parse_fails_before_training(tiny_tokenizer, tmp_pa
 
 
 def test_evaluation_offers_the_tools_and_reports_the_call_rate(tiny_tokenizer, tmp_path):
-    from grpo_plugin.training.evaluation.engine import evaluate
+    from grpo_plugin.training.evaluation.engine import EvalRuntime, EvalSettings, evaluate
 
     trainer = tool_trainer(tiny_tokenizer, tmp_path, num_generations_eval=1,
                            per_device_eval_batch_size=4)  # fmt: skip
@@ -385,9 +385,10 @@ def test_evaluation_offers_the_tools_and_reports_the_call_rate(tiny_tokenizer, t
     model = trainer.accelerator.unwrap_model(trainer.model)
     from datasets import Dataset
 
-    result = evaluate(model, tiny_tokenizer, Dataset.from_list(DATA), exact_answer, k=0,
-                      max_new_tokens=200,
-                      tools=trainer.tool_setup)  # fmt: skip
+    greedy = EvalSettings.from_options({"k": 0, "max_new_tokens": 200})
+    with_tools = EvalRuntime(tools=trainer.tool_setup)
+    result = evaluate(model, tiny_tokenizer, Dataset.from_list(DATA), exact_answer, greedy,
+                      with_tools)  # fmt: skip
     assert result["accuracy"] == 1.0 and result["tool_call_rate"] == 1.0
     assert result["tool_calls"] == 1.0
 

@@ -196,15 +196,16 @@ class SetEvaluator(EvalEngine):
         return out
 
 
-def _eval_sets(trainer: Any, eval_dataset: Any) -> dict[str, Any]:
-    """`{set name: dataset}`; the name is "" for a single set."""
+def _eval_sets(eval_dataset: Any, configured: Any) -> dict[str, Any]:
+    """`{set name: dataset}` of `evaluate(eval_dataset)`, `configured` the trainer's own eval
+    set(s); the name is "" for a single set."""
     if isinstance(eval_dataset, str):  # the Trainer passes a dict's key
-        sets = trainer.eval_dataset if isinstance(trainer.eval_dataset, dict) else {}
+        sets = configured if isinstance(configured, dict) else {}
         if eval_dataset not in sets:
             raise ValueError(f"evaluate({eval_dataset!r}): no eval set of that name")
         return {eval_dataset: sets[eval_dataset]}
     dataset = check_eval_datasets(eval_dataset) if eval_dataset is not None else None
-    dataset = dataset if dataset is not None else trainer.eval_dataset
+    dataset = dataset if dataset is not None else configured
     if dataset is None:
         raise ValueError("evaluate() needs an eval_dataset with a 'prompt' column.")
     return dataset if isinstance(dataset, dict) else {"": dataset}
@@ -222,7 +223,7 @@ def evaluate_trainer(
 ) -> dict[str, float]:
     """Evaluate every held-out set, log one line, run the callbacks; returns the logged metrics."""
     metrics: dict[str, float] = {}
-    for name, dataset in _eval_sets(trainer, eval_dataset).items():
+    for name, dataset in _eval_sets(eval_dataset, trainer.eval_dataset).items():
         label = f"eval {name} at step {trainer.state.global_step}".replace("  ", " ")
         with evaluation_progress(trainer, label, _size(dataset, trainer.accelerator)) as advance:
             evaluator = SetEvaluator(trainer)

@@ -57,17 +57,48 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 @dataclass(frozen=True)
 class EvalSettings:
-    """How a held-out set is evaluated (the same for every process and every evaluation)."""
+    """How a held-out set is evaluated (the same for every process and every evaluation);
+    checked here, once. The defaults are `grpo-plugin eval`'s: greedy accuracy and pass@8 of
+    completions of up to 64 tokens at temperature 1."""
 
-    sampling: SamplingParams  # the sampled pass; its max_new_tokens also bounds greedy decoding
-    num_samples: int = 0  # completions sampled per prompt (0: greedy only)
+    # the sampled pass; its max_new_tokens also bounds greedy decoding
+    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(max_new_tokens=64))
+    num_samples: int = 8  # completions sampled per prompt (0: greedy only)
     pass_k: int | None = None  # k of pass@k (<= num_samples); None: num_samples
     batch_size: int = 32  # sequences generated at once
     success_threshold: float = 1.0  # a completion is correct when its first reward is >= this
     seed: int = 0  # keys the samples, with each prompt's index in the set
     max_prompt_length: int | None = None  # prompts are encoded as in training
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # as in training
     share_prompt_prefix: bool = True  # one prefill per prompt for its samples
+
+    def __post_init__(self) -> None:
+        options = {"k": self.pass_k, "num_samples": self.num_samples or None}
+        options.update(batch_size=self.batch_size, seed=self.seed)
+        options["success_threshold"] = self.success_threshold
+        check_eval_options(options, name=lambda key: "pass_k" if key == "k" else key)
+        if self.num_samples == 0 and self.pass_k:
+            raise ValueError(f"pass_k={self.pass_k} needs num_samples >= {self.pass_k}")
+
+    @classmethod
+    def from_options(
+        cls, options: dict[str, Any], name: Callable[[str], str] = str
+    ) -> EvalSettings:
+        """From the flat options of a recipe's `eval` section and `grpo-plugin eval` (`k`,
+        `num_samples`, `max_new_tokens`, `temperature`, ...; `k` of 0 or None: greedy only; an
+        error names an option as `name` writes it, e.g. "--k")."""
+        unknown = set(options) - set(FLAT_OPTIONS)
+        if unknown:
+            raise ValueError(f"unknown evaluation option(s) {sorted(unknown)}")
+        check_eval_options(options, name)
+        k = options.get("k", 8)
+        sampling = SamplingParams(
+            max_new_tokens=options.get("max_new_tokens", 64),
+            temperature=options.get("temperature", 1.0),
+        )
+        rest = {key: options[key] for key in FLAT_OPTIONS[4:] if key in options}
+        samples = (options.get("num_samples") or k) if k else 0
+        return cls(sampling, num_samples=samples, pass_k=k or None, **rest)
 
     @property
     def prompts_per_chunk(self) -> int:
@@ -76,6 +107,22 @@ class EvalSettings:
     @property
     def greedy(self) -> SamplingParams:
         return SamplingParams(max_new_tokens=self.sampling.max_new_tokens, temperature=0.0)
+
+
+# EvalSettings.from_options' keys: the first four build `sampling`, `num_samples` and `pass_k`
+FLAT_OPTIONS = ("k", "num_samples", "max_new_tokens", "temperature", "batch_size")
+FLAT_OPTIONS += ("success_threshold", "seed", "max_prompt_length", "chat_template_kwargs")
+FLAT_OPTIONS += ("share_prompt_prefix",)
+
+
+@dataclass(frozen=True)
+class EvalRuntime:
+    """What a training run lends an evaluation besides its settings (all optional)."""
+
+    accelerator: Any = None  # several processes: the prompts are sharded, results gathered
+    tools: Any = None  # a rollout.multiturn.ToolSetup the completions may call, or None
+    checks: RewardChecks | None = None  # reward_timeout, non-finite checks; None: the defaults
+    progress: Callable[[int], None] | None = None  # called with the prompts done per chunk
 
 
 @dataclass(frozen=True)
@@ -278,61 +325,31 @@ def evaluate(
     tokenizer,
     dataset: Any,
     reward_fn: RewardFn,
-    *,
-    k: int | None = 8,
-    num_samples: int | None = None,
-    max_new_tokens: int = 64,
-    batch_size: int = 32,
-    temperature: float = 1.0,
-    success_threshold: float = 1.0,
-    seed: int = 0,
-    accelerator=None,
-    max_prompt_length: int | None = None,
-    chat_template_kwargs: dict[str, Any] | None = None,
-    share_prompt_prefix: bool = True,
-    tools: Any = None,
-    checks: RewardChecks | None = None,
-    progress: Callable[[int], None] | None = None,
+    settings: EvalSettings | None = None,
+    runtime: EvalRuntime | None = None,
 ) -> dict[str, float | int]:
     """Greedy accuracy and pass@k of `model` on `dataset` (needs a `prompt` column), scored by
-    `reward_fn` under `checks` (the run's `reward_timeout` and non-finite checks; default: no
-    time limit, NaN is an error).
+    `reward_fn`, evaluated as `settings` say (default `EvalSettings()`: pass@8 of 64 tokens).
 
     Returns `{"n", "accuracy", "mean_reward", "pass@k", "k", "num_samples"}` (the last three only
-    when k is a positive int). pass@k uses `num_samples` (default k, must be >= k) samples per
-    prompt at `temperature`, keyed on (`seed`, the prompt's index in `dataset`); `batch_size`
-    bounds the sequences generated at once. With `tools` (a `rollout.multiturn.ToolSetup`) every
-    completion may call them, and the result adds the greedy completions' `tool_call_rate` (share
-    with at least one call) and `tool_calls` (calls per completion). With an `accelerator` of
-    several processes (every process calls this) the prompts are sharded and the results
-    gathered: every number equals the one-process result. `progress` is called with the number of
-    prompts done after each chunk. The model's train/eval mode is left as it was.
+    with `settings.num_samples` > 0). Samples are keyed on (`settings.seed`, the prompt's index
+    in `dataset`). `runtime` (an `EvalRuntime`) lends what a training run has: with `tools` (a
+    `rollout.multiturn.ToolSetup`) every completion may call them, and the result adds the greedy
+    completions' `tool_call_rate` (share with at least one call) and `tool_calls` (calls per
+    completion); rewards are scored under `checks` (the run's `reward_timeout` and non-finite
+    checks; default: no time limit, NaN is an error); with an `accelerator` of several processes
+    (every process calls this) the prompts are sharded and the results gathered: every number
+    equals the one-process result; `progress` is called with the number of prompts done after
+    each chunk. The model's train/eval mode is left as it was.
     """
-    options = {"k": k, "num_samples": num_samples, "max_new_tokens": max_new_tokens}
-    options.update(batch_size=batch_size, temperature=temperature, seed=seed)
-    check_eval_options({**options, "success_threshold": success_threshold})
+    settings, runtime = settings or EvalSettings(), runtime or EvalRuntime()
     if "prompt" not in dataset.column_names:
         raise ValueError(
             f"evaluate needs a 'prompt' column; the dataset has {dataset.column_names}"
         )
     if len(dataset) == 0:
         raise ValueError("evaluate got an empty dataset; give it at least one held-out prompt")
-    num_samples = num_samples or k
-    if k and num_samples < k:
-        raise ValueError(f"num_samples={num_samples} must be >= k={k} for pass@k")
-    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
-    settings = EvalSettings(
-        sampling,
-        num_samples=num_samples if k else 0,
-        pass_k=k or None,
-        batch_size=batch_size,
-        success_threshold=success_threshold,
-        seed=seed,
-        max_prompt_length=max_prompt_length,
-        chat_template_kwargs=chat_template_kwargs,
-        share_prompt_prefix=share_prompt_prefix,
-    )
-    scorer = RewardScorer((reward_fn,), torch.ones(1), checks or RewardChecks())
-    engine = EvalEngine(EvalTarget(model, tokenizer, tools), settings, scorer)
-    engine.progress = progress
-    return _summary(engine.run(dataset, accelerator), settings)
+    scorer = RewardScorer((reward_fn,), torch.ones(1), runtime.checks or RewardChecks())
+    engine = EvalEngine(EvalTarget(model, tokenizer, runtime.tools), settings, scorer)
+    engine.progress = runtime.progress
+    return _summary(engine.run(dataset, runtime.accelerator), settings)

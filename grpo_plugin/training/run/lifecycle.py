@@ -138,7 +138,7 @@ def save_checkpoint(
 
     def write(staged: Path) -> None:
         save_staged(str(staged.parent))
-        _fix_best_checkpoint(trainer, staged.parent, Path(run_dir))
+        _fix_best_checkpoint(trainer.state, staged.parent, Path(run_dir))
         trainer.save_run_state(staged)
         if trainer.is_world_process_zero():
             trainer.state.save_to_json(str(staged / checkpoints.TRAINER_STATE))
@@ -152,23 +152,25 @@ def save_checkpoint(
     if pushing:
         push(str(final))
     if main:
-        _rotate(trainer, run_dir)
+        _rotate(run_dir, trainer.args.save_total_limit, trainer.state.best_model_checkpoint)
     acc.wait_for_everyone()
 
 
-def _fix_best_checkpoint(trainer: Any, staging: Path, run_dir: Path) -> None:
-    """The Trainer records the best checkpoint under the folder it wrote to: point it home."""
-    best = trainer.state.best_model_checkpoint
+def _fix_best_checkpoint(state: Any, staging: Path, run_dir: Path) -> None:
+    """The Trainer records the best checkpoint (in its `TrainerState`) under the folder it wrote
+    to: point it home."""
+    best = state.best_model_checkpoint
     if best and str(best).startswith(str(staging)):
-        trainer.state.best_model_checkpoint = str(run_dir / Path(best).name)
+        state.best_model_checkpoint = str(run_dir / Path(best).name)
 
 
-def _rotate(trainer: Any, run_dir: str) -> None:
+def _rotate(run_dir: str, save_total_limit: int | None, best: str | None) -> None:
+    """Delete the oldest checkpoints beyond `save_total_limit`, keeping the `best` one."""
     from transformers.trainer_utils import rotate_checkpoints
 
     rotate_checkpoints(
         output_dir=run_dir,
-        save_total_limit=trainer.args.save_total_limit,
-        best_model_checkpoint=trainer.state.best_model_checkpoint,
+        save_total_limit=save_total_limit,
+        best_model_checkpoint=best,
         use_mtime=False,
     )

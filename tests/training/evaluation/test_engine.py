@@ -9,7 +9,8 @@ import torch
 from datasets import Dataset
 
 import reward_fns
-from grpo_plugin.training.evaluation.engine import evaluate, pass_at_k
+from grpo_plugin.rollout.types import SamplingParams
+from grpo_plugin.training.evaluation.engine import EvalSettings, evaluate, pass_at_k
 
 
 @pytest.mark.parametrize(
@@ -49,6 +50,10 @@ def _chat_dataset(n=3):
     )
 
 
+def _settings(max_new_tokens: int, **fields) -> EvalSettings:
+    return EvalSettings(SamplingParams(max_new_tokens=max_new_tokens), **fields)
+
+
 class RecordingReward:
     """Rewards 1.0 for the prompts whose answer is in `good`, None for those in `none`."""
 
@@ -67,10 +72,9 @@ class RecordingReward:
 def test_evaluate_greedy_accuracy_and_reward_contract(tiny_model, tiny_tokenizer):
     reward = RecordingReward(good={"1", "2"}, none={"3"})
     tiny_model.train()
-    result = evaluate(
-        tiny_model, tiny_tokenizer, _chat_dataset(4), reward, k=0, max_new_tokens=5, batch_size=3
-    )
-    assert result["n"] == 4 and "pass@0" not in result
+    greedy_only = _settings(5, num_samples=0, batch_size=3)
+    result = evaluate(tiny_model, tiny_tokenizer, _chat_dataset(4), reward, greedy_only)
+    assert result["n"] == 4 and not any(key.startswith("pass@") for key in result)
     assert result["accuracy"] == pytest.approx(0.5)  # "1","2" right; "3" None -> wrong; "4" wrong
     assert result["mean_reward"] == pytest.approx(0.5)
     assert tiny_model.training, "evaluate must restore train mode"
@@ -84,16 +88,8 @@ def test_evaluate_greedy_accuracy_and_reward_contract(tiny_model, tiny_tokenizer
 
 def test_evaluate_pass_at_k_counts_samples_per_prompt(tiny_model, tiny_tokenizer):
     reward = RecordingReward(good={"1"})
-    result = evaluate(
-        tiny_model,
-        tiny_tokenizer,
-        _chat_dataset(2),
-        reward,
-        k=2,
-        num_samples=4,
-        max_new_tokens=3,
-        batch_size=8,
-    )
+    settings = _settings(3, num_samples=4, pass_k=2, batch_size=8)
+    result = evaluate(tiny_model, tiny_tokenizer, _chat_dataset(2), reward, settings)
     # prompt "1": all 4 samples right -> 1; prompt "2": none right -> 0
     assert result["pass@2"] == pytest.approx(0.5)
     assert result["num_samples"] == 4 and result["k"] == 2
@@ -111,7 +107,7 @@ def test_evaluate_string_prompts_get_string_completions(tiny_model, tiny_tokeniz
         seen.extend(completions)
         return [1.0, 0.0]
 
-    result = evaluate(tiny_model, tiny_tokenizer, dataset, reward, k=None, max_new_tokens=4)
+    result = evaluate(tiny_model, tiny_tokenizer, dataset, reward, _settings(4, num_samples=0))
     assert result["accuracy"] == pytest.approx(0.5)
     assert all(isinstance(c, str) for c in seen)
 
@@ -125,9 +121,8 @@ def test_sampling_is_seeded_and_leaves_global_rng_alone(tiny_model, tiny_tokeniz
         return [0.0] * len(completion_ids)
 
     def run(seed):
-        evaluate(
-            tiny_model, tiny_tokenizer, _chat_dataset(2), reward, k=2, max_new_tokens=6, seed=seed
-        )
+        settings = _settings(6, num_samples=2, seed=seed)
+        evaluate(tiny_model, tiny_tokenizer, _chat_dataset(2), reward, settings)
         return sampled_ids[-1]
 
     torch.manual_seed(123)
@@ -149,7 +144,7 @@ def test_greedy_completions_match_hf_generate(tiny_model, tiny_tokenizer):
         seen.extend(completion_ids)
         return [0.0] * len(completions)
 
-    evaluate(tiny_model, tiny_tokenizer, dataset, reward, k=0, max_new_tokens=6)
+    evaluate(tiny_model, tiny_tokenizer, dataset, reward, _settings(6, num_samples=0))
     eos = tiny_tokenizer.eos_token_id
     for prompt, ids in zip(dataset["prompt"], seen):
         inputs = tiny_tokenizer(prompt, return_tensors="pt")
@@ -163,10 +158,8 @@ def test_greedy_completions_match_hf_generate(tiny_model, tiny_tokenizer):
 def test_evaluate_rejects_missing_prompt_column(tiny_model, tiny_tokenizer):
     with pytest.raises(ValueError, match="'prompt' column"):
         evaluate(tiny_model, tiny_tokenizer, Dataset.from_dict({"q": ["x"]}), RecordingReward())
-    with pytest.raises(ValueError, match="num_samples"):
-        evaluate(
-            tiny_model, tiny_tokenizer, _chat_dataset(1), RecordingReward(), k=4, num_samples=2
-        )
+    with pytest.raises(ValueError, match="empty dataset"):
+        evaluate(tiny_model, tiny_tokenizer, _chat_dataset(0), RecordingReward())
 
 
 def test_samples_do_not_depend_on_the_batch_size(tiny_model, tiny_tokenizer):
@@ -179,8 +172,8 @@ def test_samples_do_not_depend_on_the_batch_size(tiny_model, tiny_tokenizer):
         return [0.0] * len(completion_ids)
 
     for run_batch in (2, 4, 16):  # 1, 2 and all 5 prompts per generation call
-        evaluate(tiny_model, tiny_tokenizer, _chat_dataset(5), reward, k=2, num_samples=2,
-                 max_new_tokens=6, batch_size=run_batch)  # fmt: skip
+        settings = _settings(6, num_samples=2, batch_size=run_batch)
+        evaluate(tiny_model, tiny_tokenizer, _chat_dataset(5), reward, settings)
     # per chunk: the greedy call, then the sampled one
     sampled = {b: [ids for call in c[1::2] for ids in call] for b, c in calls.items()}
     assert [len(c) for c in calls.values()] == [10, 6, 2]  # 5, 3 and 1 chunks
@@ -199,12 +192,35 @@ def test_samples_do_not_depend_on_the_batch_size(tiny_model, tiny_tokenizer):
         ({"batch_size": 0}, "batch_size=0 must be an integer >= 1"),
         ({"temperature": float("nan")}, "temperature=nan must be a finite number >= 0"),
         ({"success_threshold": float("inf")}, "success_threshold=inf must be a finite number"),
+        ({"top_p": 0.9}, r"unknown evaluation option\(s\) \['top_p'\]"),
     ],
 )
-def test_evaluate_refuses_bad_options_before_generating(options, expected):
-    def never(*args, **kwargs):
-        raise AssertionError("the reward was called: something was generated")
-
-    data = Dataset.from_dict({"prompt": ["1+1="]})
+def test_flat_options_are_refused_before_anything_is_generated(options, expected):
     with pytest.raises(ValueError, match=expected):
-        evaluate(None, None, data, never, **options)  # no model needed: refused first
+        EvalSettings.from_options(options)
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"pass_k": -3}, "pass_k=-3 must be an integer >= 0"),
+        ({"pass_k": 4, "num_samples": 2}, "num_samples=2 must be >= pass_k=4"),
+        ({"pass_k": 2, "num_samples": 0}, "pass_k=2 needs num_samples >= 2"),
+        ({"batch_size": 0}, "batch_size=0 must be an integer >= 1"),
+        ({"success_threshold": float("nan")}, "success_threshold=nan must be a finite number"),
+    ],
+)
+def test_settings_are_checked_where_they_are_stored(fields, expected):
+    with pytest.raises(ValueError, match=expected):
+        EvalSettings(**fields)
+
+
+def test_flat_options_map_onto_the_settings():
+    assert EvalSettings.from_options({}) == EvalSettings(pass_k=8)  # pass@8, 64 tokens, T=1
+    assert EvalSettings().num_samples == 8 and EvalSettings().sampling.max_new_tokens == 64
+    greedy = EvalSettings.from_options({"k": 0, "max_new_tokens": 5, "seed": 3})
+    assert (greedy.num_samples, greedy.pass_k, greedy.seed) == (0, None, 3)
+    assert greedy.sampling == SamplingParams(max_new_tokens=5, temperature=1.0)
+    sampled = EvalSettings.from_options({"k": 2, "num_samples": 4, "temperature": 0.5})
+    assert (sampled.num_samples, sampled.pass_k, sampled.sampling.temperature) == (4, 2, 0.5)
+    assert EvalSettings.from_options({"k": 3}).num_samples == 3  # num_samples defaults to k
