@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 import torch
 
-from grpo_plugin.core.objectives import group_advantages, objective_name, policy_loss
+from grpo_plugin.core.objectives import LossInputs, group_advantages, objective_name, policy_loss
 
 PROMPTS = [(1, 2), (2, 3)]
 ANSWERS = [["3", "4", "2"], ["5", "4", "6"]]
@@ -68,11 +68,13 @@ def train_toy_policy(
         for _ in range(steps):
             logps = torch.log_softmax(logits, dim=-1)[prompt_of, actions].unsqueeze(-1)  # (N, 1)
             loss, _ = policy_loss(
-                logps,
-                None,  # on-policy: one update per sampled group
-                ref_logps.unsqueeze(-1),
-                advantages,
-                mask,
+                LossInputs(
+                    logps,
+                    None,  # on-policy: one update per sampled group
+                    ref_logps.unsqueeze(-1),
+                    advantages,
+                    mask,
+                ),
                 loss_type=loss_type,
                 importance_sampling_level=importance_sampling_level,
                 beta=beta,

@@ -228,8 +228,6 @@ MAX_PARAMETERS = 6
 MANY_PARAMETERS_ALLOWED = {
     "training/trainer.py::GRPOTrainer.__init__": "TRL's public GRPOTrainer signature, kept so "
     "TRL scripts run unchanged",
-    "core/losses.py::policy_loss": "the objective's 5 tensors + LossParams; token_mask keyword; "
-    "**settings is the documented keyword shortcut for LossParams",
 }
 
 

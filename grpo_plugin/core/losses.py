@@ -17,6 +17,7 @@ surrogates live in ``surrogates.py`` and the masks in ``masks.py``. It follows T
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -32,6 +33,7 @@ from .surrogates import (
 __all__ = [
     "IMPORTANCE_SAMPLING_LEVELS",
     "LOSS_TYPES",
+    "LossInputs",
     "LossParams",
     "check_loss_hyperparameters",
     "kl_k3",
@@ -116,21 +118,25 @@ def kl_k3(logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
     return torch.expm1(delta) - delta  # expm1 keeps it accurate (and >= 0) for tiny delta
 
 
+class LossInputs(NamedTuple):
+    """The tensors of `policy_loss`, in its former positional order (`LossInputs(logps, None,
+    None, advantages, mask)` is on-policy without a reference)."""
+
+    logps: torch.Tensor  # (N, T) each sampled token's log-prob under the policy (with grad)
+    old_logps: torch.Tensor | None  # (N, T) under the behaviour policy; None: on-policy
+    ref_logps: torch.Tensor | None  # (N, T) under the frozen reference; needed when beta > 0
+    advantages: torch.Tensor  # (N,) one advantage per completion
+    mask: torch.Tensor  # (N, T) 1 on real completion tokens: the normalizer
+    token_mask: torch.Tensor | None = None  # (N, T) an extra mask on the policy term only
+    sampling_weights: torch.Tensor | None = None  # (N, T) | (N, 1) constant policy-term weights
+
+
 def policy_loss(
-    logps: torch.Tensor,
-    old_logps: torch.Tensor | None,
-    ref_logps: torch.Tensor | None,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    params: LossParams | None = None,
-    *,
-    token_mask: torch.Tensor | None = None,
-    sampling_weights: torch.Tensor | None = None,
-    **settings,
+    inputs: LossInputs, params: LossParams | None = None, **settings
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GRPO-family loss (to minimise) over ``N`` completions of up to ``T`` tokens.
 
-    Args:
+    Args (the fields of ``inputs``, a ``LossInputs``; then ``params``):
         logps: ``(N, T)`` log-prob of each sampled token under the current policy (with grad).
         old_logps: ``(N, T)`` under the behaviour policy; ``None`` means on-policy
             (``logps.detach()``, so the ratio is 1 but its gradient is not 0).
@@ -152,6 +158,9 @@ def policy_loss(
     if params is not None and settings:
         raise TypeError(f"pass either params or keyword settings, not both: {sorted(settings)}")
     p = params if params is not None else LossParams(**settings)
+    logps, old_logps, ref_logps, advantages, mask, token_mask, sampling_weights = LossInputs(
+        *inputs
+    )
     _check_policy_args(logps, old_logps, ref_logps, advantages, mask, token_mask)
     if p.beta > 0.0 and ref_logps is None:
         raise ValueError(

@@ -28,6 +28,7 @@ from ..core.batching import group_permutation
 from ..core.objectives import (
     TOKEN_LEVEL_LOSS_TYPES,
     AdaptiveEntropyCoefficient,
+    LossInputs,
     decoupled_advantages,
     entropy_bonus,
     group_advantages,
@@ -137,7 +138,8 @@ class TrainingObjective:
         weights, sampling_stats = self._sampling_weights(logps, batch)
         adv, params = batch.advantages, self.params
         loss, stats = policy_loss(
-            logps, old, ref, adv, mask, params, token_mask=token_mask, sampling_weights=weights
+            LossInputs(logps, old, ref, adv, mask, token_mask=token_mask, sampling_weights=weights),
+            params,
         )
         rollout_mean = tokens_per_slice is not None
         if self.params.loss_type in TOKEN_LEVEL_LOSS_TYPES and rollout_mean:  # over the rollout

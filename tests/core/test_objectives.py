@@ -17,6 +17,7 @@ from grpo_plugin.core.objectives import (
     IMPORTANCE_SAMPLING_LEVELS,
     LOSS_TYPES,
     PAPERS,
+    LossInputs,
     group_advantages,
     objective_name,
     policy_loss,
@@ -46,7 +47,7 @@ def weights_from_gradient(loss_type: str, lengths: list[int], t: int, **kwargs) 
     mask = t64([[1.0] * n + [0.0] * (t - n) for n in lengths])
     logps = (-torch.ones_like(mask)).requires_grad_()
     adv = t64([1.0] * len(lengths))
-    loss, _ = policy_loss(logps, None, None, adv, mask, loss_type=loss_type, **kwargs)
+    loss, _ = policy_loss(LossInputs(logps, None, None, adv, mask), loss_type=loss_type, **kwargs)
     loss.backward()
     return -logps.grad
 
@@ -70,7 +71,7 @@ def test_length_weights_for_lengths_two_and_six(loss_type, kwargs, w_short, w_lo
 def test_empty_sequence_counts_in_grpo_mean():
     mask = t64([[1.0, 1.0], [0.0, 0.0]])
     logps = torch.full((2, 2), -1.0, dtype=torch.float64)
-    loss, _ = policy_loss(logps, None, None, t64([2.0, 5.0]), mask)
+    loss, _ = policy_loss(LossInputs(logps, None, None, t64([2.0, 5.0]), mask))
     assert loss.item() == pytest.approx(-2.0 / 2)  # row 0 mean is -2, row 1 is 0, N = 2
 
 
@@ -94,7 +95,7 @@ def test_clip_region_just_inside_and_outside_each_bound(bound, offset, adv, clip
     logps = torch.full((1, 3), -1.0, dtype=torch.float64, requires_grad=True)
     old = logps.detach() - math.log(ratio)
     kwargs = dict(importance_sampling_level=level, epsilon_low=eps_low, epsilon_high=eps_high)
-    loss, stats = policy_loss(logps, old, None, t64([adv]), torch.ones(1, 3), **kwargs)
+    loss, stats = policy_loss(LossInputs(logps, old, None, t64([adv]), torch.ones(1, 3)), **kwargs)
     loss.backward()
     bound_value = 1 - eps_low if bound == "low" else 1 + eps_high
     expected_objective = (bound_value if clipped else ratio) * adv  # hand-derived table above
@@ -112,9 +113,13 @@ def test_clip_region_just_inside_and_outside_each_bound(bound, offset, adv, clip
 def test_epsilon_high_defaults_to_epsilon_low():
     logps = torch.full((1, 1), -1.0, dtype=torch.float64)
     old = logps - math.log(1.25)
-    _, stats_default = policy_loss(logps, old, None, t64([1.0]), torch.ones(1, 1), epsilon_low=0.2)
+    _, stats_default = policy_loss(
+        LossInputs(logps, old, None, t64([1.0]), torch.ones(1, 1)), epsilon_low=0.2
+    )
     _, stats_wide = policy_loss(
-        logps, old, None, t64([1.0]), torch.ones(1, 1), epsilon_low=0.2, epsilon_high=0.3
+        LossInputs(logps, old, None, t64([1.0]), torch.ones(1, 1)),
+        epsilon_low=0.2,
+        epsilon_high=0.3,
     )
     assert stats_default["clip_ratio/high"] == 1.0 and stats_wide["clip_ratio/high"] == 0.0
 
@@ -125,8 +130,12 @@ def test_sequence_ratio_is_length_normalized_geometric_mean():
     old = t64([[-1.5, -0.5, 7.0]])
     mask = t64([[1.0, 1.0, 0.0]])
     adv = t64([1.0])
-    _, seq_stats = policy_loss(logps, old, None, adv, mask, importance_sampling_level="sequence")
-    _, tok_stats = policy_loss(logps, old, None, adv, mask, importance_sampling_level="token")
+    _, seq_stats = policy_loss(
+        LossInputs(logps, old, None, adv, mask), importance_sampling_level="sequence"
+    )
+    _, tok_stats = policy_loss(
+        LossInputs(logps, old, None, adv, mask), importance_sampling_level="token"
+    )
     assert seq_stats["ratio/mean"] == pytest.approx(1.0) and seq_stats["clip_ratio/region"] == 0.0
     assert tok_stats["clip_ratio/high"] == pytest.approx(0.5)
     assert tok_stats["ratio/mean"] == pytest.approx((math.exp(0.5) + math.exp(-0.5)) / 2)
@@ -139,7 +148,7 @@ def test_on_policy_none_equals_detached_copy_and_has_signal():
     grads = []
     for old in (None, base.clone()):
         logps = base.clone().requires_grad_()
-        loss, stats = policy_loss(logps, old, None, adv, mask)
+        loss, stats = policy_loss(LossInputs(logps, old, None, adv, mask))
         loss.backward()
         grads.append(logps.grad)
         assert stats["ratio/mean"] == pytest.approx(1.0)
@@ -151,12 +160,12 @@ def test_kl_term_value_stats_and_beta_zero():
     ref = t64([[-1.0 + math.log(2), -2.0]])  # k3 = 1 - log 2 on the first token, 0 on the second
     mask, adv = torch.ones(1, 2), t64([0.0])
     k3 = 1 - math.log(2)
-    loss, stats = policy_loss(logps, None, ref, adv, mask, beta=0.5)
+    loss, stats = policy_loss(LossInputs(logps, None, ref, adv, mask), beta=0.5)
     assert loss.item() == pytest.approx(0.5 * k3 / 2, abs=1e-12)
     assert set(stats) == STAT_KEYS | {"kl"} and stats["kl"] == pytest.approx(k3 / 2)
-    loss0, stats0 = policy_loss(logps, None, ref, adv, mask, beta=0.0)
+    loss0, stats0 = policy_loss(LossInputs(logps, None, ref, adv, mask), beta=0.0)
     assert loss0.item() == 0.0 and stats0["kl"] == pytest.approx(k3 / 2)
-    _, no_ref = policy_loss(logps, None, None, adv, mask)
+    _, no_ref = policy_loss(LossInputs(logps, None, None, adv, mask))
     assert set(no_ref) == STAT_KEYS and all(type(v) is float for v in no_ref.values())
 
 
@@ -167,7 +176,7 @@ def test_padding_with_inf_and_nan_does_not_leak():
     mask = torch.tensor([[True, False], [True, False]])
     for loss_type, level in itertools.product(LOSS_TYPES, IMPORTANCE_SAMPLING_LEVELS):
         kwargs = dict(loss_type=loss_type, importance_sampling_level=level, beta=0.1)
-        loss, stats = policy_loss(logps, old, ref, t64([1.0, -1.0]), mask, **kwargs)
+        loss, stats = policy_loss(LossInputs(logps, old, ref, t64([1.0, -1.0]), mask), **kwargs)
         (grad,) = torch.autograd.grad(loss, logps)
         assert torch.isfinite(loss) and torch.isfinite(grad).all() and grad[:, 1].eq(0).all()
         assert all(math.isfinite(v) for v in stats.values())
@@ -213,12 +222,12 @@ def test_gradcheck_float64(loss_type, level, beta, bias_corrected):
         use_bias_correction_kl=bias_corrected,  # the KL weighted by the (detached) ratio
         delta=1.5 if loss_type in CLIPPED_LOSS_TYPES else None,  # two-sided clipping too
     )
-    _, stats = policy_loss(logps, old, ref, adv, mask, **kwargs)
+    _, stats = policy_loss(LossInputs(logps, old, ref, adv, mask), **kwargs)
     if loss_type in CLIPPED_LOSS_TYPES:
         assert stats["clip_ratio/region"] > 0  # the clipped branch is exercised too
     logps = logps.clone().requires_grad_()
     assert torch.autograd.gradcheck(
-        lambda lp: policy_loss(lp, old, ref, adv, mask, **kwargs)[0],
+        lambda lp: policy_loss(LossInputs(lp, old, ref, adv, mask), **kwargs)[0],
         (logps,),
         eps=1e-6,
         atol=1e-8,
@@ -350,7 +359,7 @@ def test_matches_independent_numpy_reference(seed):
             spec = dict(loss_type=loss_type, importance_sampling_level=level, beta=beta)
             spec.update(epsilon_low=el, epsilon_high=eh, max_completion_length=max_len)
             spec.update(delta=delta, use_bias_correction_kl=corrected)
-            loss, stats = policy_loss(*tensors[:3], adv.reshape(-1), tensors[3], **spec)
+            loss, stats = policy_loss(LossInputs(*tensors[:3], adv.reshape(-1), tensors[3]), **spec)
             ref_loss, ref_stats = np_policy_loss(
                 *arrays[:3], expected_adv.reshape(-1), mask, **spec
             )
@@ -362,15 +371,15 @@ def test_matches_independent_numpy_reference(seed):
 
 
 def call(**overrides):
-    args = dict(
+    tensors = dict(
         logps=torch.zeros(2, 3),
         old_logps=None,
         ref_logps=None,
         advantages=torch.zeros(2),
         mask=torch.ones(2, 3),
     )
-    args.update(overrides)
-    return policy_loss(**args)
+    tensors.update({k: overrides.pop(k) for k in list(overrides) if k in LossInputs._fields})
+    return policy_loss(LossInputs(**tensors), **overrides)
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from grpo_plugin.core.losses import policy_loss
+from grpo_plugin.core.losses import LossInputs, policy_loss
 from grpo_plugin.core.sampling_correction import CorrectionParams, sampling_weights
 
 # Two completions of two tokens. old - sampling = [[0, 1], [0, 3]]: token ratios [[1, e], [1, e^3]],
@@ -79,11 +79,11 @@ def test_policy_loss_weights_the_policy_term_and_not_the_kl():
     logps = torch.randn(2, 3) - 2.0
     ref = logps + 0.3 * torch.randn(2, 3)
     adv, mask = torch.tensor([1.0, -0.5]), torch.ones(2, 3)
-    plain, _ = policy_loss(logps, None, None, adv, mask, loss_type="dapo")
-    doubled, _ = policy_loss(logps, None, None, adv, mask, loss_type="dapo",
-                             sampling_weights=torch.full((2, 1), 2.0))  # fmt: skip
+    plain, _ = policy_loss(LossInputs(logps, None, None, adv, mask), loss_type="dapo")
+    doubled, _ = policy_loss(LossInputs(logps, None, None, adv, mask, sampling_weights=torch.full((2, 1), 2.0)), loss_type="dapo")  # fmt: skip
     assert doubled.item() == pytest.approx(2 * plain.item())  # on-policy: -mean(A) per token
-    kl_only, _ = policy_loss(logps, None, ref, torch.zeros(2), mask, loss_type="dapo", beta=0.1)
-    kl_weighted, _ = policy_loss(logps, None, ref, torch.zeros(2), mask, loss_type="dapo",
-                                 beta=0.1, sampling_weights=torch.zeros(2, 3))  # fmt: skip
+    kl_only, _ = policy_loss(
+        LossInputs(logps, None, ref, torch.zeros(2), mask), loss_type="dapo", beta=0.1
+    )
+    kl_weighted, _ = policy_loss(LossInputs(logps, None, ref, torch.zeros(2), mask, sampling_weights=torch.zeros(2, 3)), loss_type="dapo", beta=0.1)  # fmt: skip
     assert kl_weighted.item() == pytest.approx(kl_only.item()) and kl_only.item() > 0

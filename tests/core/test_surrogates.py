@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from grpo_plugin.core.objectives import policy_loss
+from grpo_plugin.core.objectives import LossInputs, policy_loss
 from grpo_plugin.core.surrogates import vespo_gamma_weights
 
 
@@ -27,7 +27,7 @@ def loss_and_grad(logps, old, adv, mask=None, ref=None, **settings):
     mask = torch.ones_like(logps) if mask is None else t64(mask)
     old = None if old is None else t64(old)
     ref = None if ref is None else t64(ref)
-    loss, stats = policy_loss(logps, old, ref, t64(adv), mask, **settings)
+    loss, stats = policy_loss(LossInputs(logps, old, ref, t64(adv), mask), **settings)
     loss.backward()
     return loss.item(), logps.grad, stats
 

@@ -212,6 +212,7 @@ def test_the_trainer_in_reference_mode_fuses_nothing_and_learns_the_same(tiny_to
         )  # fmt: skip
         fused = sum("forward" in vars(m) for m in trainer.model.modules())
         assert (fused > 0) == fast_paths
+        assert trainer.engine.levers == (Levers() if fast_paths else Levers.reference())
         trainer.train()
         runs[fast_paths] = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(runs[True]) == 2
