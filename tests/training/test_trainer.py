@@ -387,6 +387,7 @@ def test_bf16_reference_is_a_float32_copy_scored_under_the_same_autocast(
     assert [h["kl"] for h in trainer.state.log_history if "kl" in h] == [0.0]
 
 
+@pytest.mark.fast_paths  # the held prompt is the shared_prompt lever
 def test_a_group_over_two_micro_batches_trains_as_when_each_encodes_its_prompt(
     tiny_tokenizer, tmp_path, monkeypatch
 ):
@@ -410,6 +411,7 @@ def test_a_group_over_two_micro_batches_trains_as_when_each_encodes_its_prompt(
     assert_same_training(held, each)
 
 
+@pytest.mark.fast_paths  # the held prompt is the shared_prompt lever
 def test_a_failed_micro_batch_leaves_no_prompt_held(tiny_tokenizer, tmp_path, monkeypatch):
     """The second micro-batch of a group fails: the group's held prompt is dropped, not carried
     into whatever runs next (a resume in the same process)."""
