@@ -113,6 +113,16 @@ def test_a_changed_num_generations_is_refused_then_kept_as_a_second_phase(
     assert [r["step"] for r in lines(out)] == [1, 2, 3, 4]
 
 
+def test_a_resume_that_turns_the_fast_paths_off_is_refused_as_another_run(
+    tiny_tokenizer, finished, tmp_path
+):
+    """fast_paths changes the last bits of every forward, as padding_free does: not the run the
+    checkpoint continues, unless recorded as a new phase."""
+    out = copy_of(finished, tmp_path)
+    with pytest.raises(ValueError, match="trained with another config: fast_paths True -> False;"):
+        trainer_for(tiny_tokenizer, out, fast_paths=False).train(resume_from_checkpoint=True)
+
+
 def test_raising_max_steps_after_the_end_continues_with_a_non_zero_learning_rate(
     tiny_tokenizer, finished, tmp_path, caplog
 ):
