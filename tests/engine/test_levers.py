@@ -217,3 +217,27 @@ def test_the_trainer_in_reference_mode_fuses_nothing_and_learns_the_same(tiny_to
         runs[fast_paths] = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(runs[True]) == 2
     assert runs[True] == pytest.approx(runs[False], abs=1e-5)
+
+
+@pytest.mark.fast_paths
+def test_a_run_with_a_broken_lever_trains_as_the_reference_path(
+    tiny_tokenizer, tmp_path, monkeypatch, caplog
+):
+    """A whole training run on a peft whose LoRA forward gained an option: the fused forward is
+    refused with one warning, and the run learns what `fast_paths=False` learns."""
+    from conftest import make_trainer
+    from peft.tuners.lora.layer import Linear as LoraLinear
+
+    original = LoraLinear.forward
+    monkeypatch.setattr(LoraLinear, "forward", lambda self, x, *a, **k: original(self, x) * 1.01)
+    peft = LoraConfig(r=4, target_modules="all-linear", lora_dropout=0.0)
+    caplog.set_level("WARNING", logger=LEVER_LOG)
+    runs = {}
+    for fast_paths in (True, False):
+        out = tmp_path / str(fast_paths)
+        trainer = make_trainer(tiny_tokenizer, out, peft=peft, max_steps=2, fast_paths=fast_paths)
+        assert not any("forward" in vars(m) for m in trainer.model.modules())  # nothing fused
+        trainer.train()
+        runs[fast_paths] = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(_said(caplog, "fused_lora")) == 1
+    assert len(runs[True]) == 2 and runs[True] == pytest.approx(runs[False], abs=1e-5)
