@@ -178,12 +178,14 @@ def test_rollout_copy_settings_are_checked_in_one_line(tmp_path, settings, match
 
 
 def test_cache_implementation_static_is_accepted_and_others_are_refused(tmp_path):
+    from grpo_plugin.engine.levers import default_levers
     from grpo_plugin.rollout.types import DecodeEngine
 
-    assert make(tmp_path).decode_engine() == DecodeEngine()
-    assert make(tmp_path, cache_implementation="dynamic").decode_engine() == DecodeEngine()
+    dynamic = DecodeEngine(levers=default_levers())  # the config's levers: fast_paths=True
+    assert make(tmp_path).decode_engine() == dynamic
+    assert make(tmp_path, cache_implementation="dynamic").decode_engine() == dynamic
     static = make(tmp_path, cache_implementation="static").decode_engine()
-    assert static == DecodeEngine(static_cache=True)
+    assert static == DecodeEngine(static_cache=True, levers=default_levers())
     compiled = make(tmp_path, compile_decode=True).decode_engine()
     assert compiled.compile and compiled.static  # compiling implies the static cache
     with pytest.raises(ValueError) as err:
