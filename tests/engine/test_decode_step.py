@@ -8,7 +8,7 @@ import copy
 
 import pytest
 import torch
-from conftest import make_tiny_model, make_tiny_tokenizer
+from conftest import make_tiny_model, make_tiny_tokenizer, sample_two_prompts
 from peft import LoraConfig, get_peft_model
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
 
@@ -16,8 +16,6 @@ from grpo_plugin._compat import cache_argument_name, output_cache, unwrap_peft
 from grpo_plugin.engine import decode_step as module
 from grpo_plugin.engine.decode_step import LeanDecodeStep
 from grpo_plugin.engine.levers import Levers, verdict
-from grpo_plugin.rollout.generation import generate_groups
-from grpo_plugin.rollout.types import DecodeEngine, GenerationRequest, SamplingParams
 
 pytestmark = pytest.mark.fast_paths  # asserts the fast path ran (or declined)
 
@@ -170,18 +168,8 @@ def test_only_one_token_steps_on_a_plain_dynamic_cache_take_it():
 @pytest.mark.fast_paths
 def test_the_decode_loop_samples_the_same_tokens_with_it_and_without():
     model, tokenizer = _llama(), make_tiny_tokenizer()
-    prompts = [tokenizer("12+3=")["input_ids"], tokenizer("a longer prompt: 7*8=")["input_ids"]]
-
-    def sample(levers):
-        request = GenerationRequest(
-            sampling=SamplingParams(max_new_tokens=8), num_generations=3, eos_token_ids=[2],
-            pad_token_id=0, generator=torch.Generator().manual_seed(3), record_logprobs=True,
-            engine=DecodeEngine(levers=levers),
-        )  # fmt: skip
-        return generate_groups(model, prompts, request)
-
-    lean = sample(Levers())
+    lean = sample_two_prompts(model, tokenizer, Levers())
     assert verdict("lean_decode", model) is True  # it ran, and proved itself
-    plain = sample(Levers.reference())
+    plain = sample_two_prompts(model, tokenizer, Levers.reference())
     assert torch.equal(lean.completion_ids, plain.completion_ids)
     assert torch.equal(lean.sampling_logps, plain.sampling_logps)

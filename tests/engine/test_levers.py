@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import group_batch, make_tiny_tokenizer
+from conftest import group_batch, make_tiny_tokenizer, sample_two_prompts
 from peft import LoraConfig, get_peft_model
 from transformers.models.llama import modeling_llama
 
@@ -26,8 +26,6 @@ from grpo_plugin.engine.forward import decoder_body
 from grpo_plugin.engine.levers import LEVERS, relative_difference, verdict
 from grpo_plugin.engine.lora import fuse_lora_linears
 from grpo_plugin.engine.plan import decode_compiled, levers_for
-from grpo_plugin.rollout.generation import generate_groups
-from grpo_plugin.rollout.types import DecodeEngine, GenerationRequest, SamplingParams
 
 GROUP = 3
 LEVER_LOG = "grpo_plugin.engine.levers"
@@ -135,18 +133,9 @@ def test_a_changed_decoder_layer_is_refused_and_decodes_through_transformers(mon
 
     tokenizer = make_tiny_tokenizer()
     model = make_tiny_model(tokenizer, initializer_range=0.5).eval()
-    prompts = [tokenizer("12+3=")["input_ids"], tokenizer("a longer prompt: 7*8=")["input_ids"]]
-
-    def sample(levers):
-        request = GenerationRequest(
-            sampling=SamplingParams(max_new_tokens=8), num_generations=3, eos_token_ids=[2],
-            pad_token_id=0, generator=torch.Generator().manual_seed(3), record_logprobs=True,
-            engine=DecodeEngine(levers=levers),
-        )  # fmt: skip
-        return generate_groups(model, prompts, request)
-
     caplog.set_level("WARNING", logger=LEVER_LOG)
-    fast, reference = sample(Levers()), sample(Levers.reference())
+    fast = sample_two_prompts(model, tokenizer, Levers())
+    reference = sample_two_prompts(model, tokenizer, Levers.reference())
     assert verdict("lean_decode", model) is False and len(_said(caplog, "lean_decode")) == 1
     assert torch.equal(fast.completion_ids, reference.completion_ids)
     assert torch.equal(fast.sampling_logps, reference.sampling_logps)
