@@ -331,8 +331,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="ours: auto_find_batch_size=True (the autopilot picks its split)")  # fmt: skip
     p.add_argument("--ours-torch-threads", default=None,
                    help="ours: torch_threads ('auto', N); default the process's, as TRL")  # fmt: skip
-    p.add_argument("--ours-rollout-precision", default="policy", choices=["policy", "auto", "bf16", "fp16"],
-                   help="ours: rollout_precision (a bf16 / fp16 rollout copy, corrected)")  # fmt: skip
+    p.add_argument("--ours-rollout-precision", default="default",
+                   choices=["default", "policy", "auto", "bf16", "fp16"],
+                   help="ours: rollout_precision (a bf16 / fp16 rollout copy, corrected); "
+                        "'default': not passed, the config's default")  # fmt: skip
     p.add_argument("--ours-compile-decode", action="store_true",
                    help="ours: compile_decode=True (a static cache, the decode step compiled)")  # fmt: skip
     p.add_argument("--ours-padded", action="store_true",

@@ -250,7 +250,7 @@ def build_trainer(opts, dataset, output_dir: str):
         from grpo_plugin import GRPOConfig, GRPOTrainer
 
         auto = {"auto_find_batch_size": bool(opts.ours_auto_batch)}
-        if opts.ours_rollout_precision != "policy":  # not passed to an older checkout's config
+        if opts.ours_rollout_precision != "default":  # the config's default, whatever it is
             auto["rollout_precision"] = opts.ours_rollout_precision
         if opts.ours_compile_decode:  # not passed to an older checkout's config
             auto["compile_decode"] = True

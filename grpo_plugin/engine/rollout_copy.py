@@ -120,10 +120,37 @@ def _is_4bit(policy: torch.nn.Module) -> bool:
     return any("4bit" in type(m).__name__ for m in policy.modules())
 
 
-def resolve_precision(precision: str, policy: torch.nn.Module) -> str:
-    """`rollout_precision` as this machine runs it: 'auto' becomes 'bf16' where bf16 is native
-    (a GPU with bf16, a CPU with AVX512-BF16/AMX), 'fp16' on any other CPU, and 'policy' where a
-    copy would gain nothing (a 4-bit base, or a bf16 policy on bf16 hardware)."""
+def _device_default(policy: torch.nn.Module) -> str:
+    """`rollout_precision=None` on this model and device: 'bf16' only where its learning was
+    measured against the policy's own rollouts (the demo over 5 seeds, docs/benchmarks.md) and
+    it pays: float32 weights, no 4-bit base, no LoRA variant, on a CPU with bf16 units. On a GPU
+    the decode step is bound by kernel launches, not by bytes (docs/gpu-check.md), and on a CPU
+    without bf16 units the fp16 copy's learning is not measured: 'policy' there."""
+    param = next(policy.parameters())
+    plain = not _is_4bit(policy) and not any(
+        getattr(m, "lora_variant", None) for m in policy.modules()
+    )
+    on_bf16_cpu = param.device.type == "cpu" and bool(cpu_has_bf16_units())
+    return "bf16" if plain and on_bf16_cpu and param.dtype == torch.float32 else "policy"
+
+
+def resolve_precision(precision: str | None, policy: torch.nn.Module) -> str:
+    """`rollout_precision` as this machine runs it: None becomes `_device_default`; 'auto'
+    becomes 'bf16' where bf16 is native (a GPU with bf16, a CPU with AVX512-BF16/AMX), 'fp16' on
+    any other CPU, and 'policy' where a copy would gain nothing (a 4-bit base, or a bf16 policy
+    on bf16 hardware)."""
+    if precision is None:
+        chosen = _device_default(policy)
+        logger.info(
+            "rollout_precision default on %s: %r%s",
+            next(policy.parameters()).device.type,
+            chosen,
+            " (a bfloat16 copy samples the rollouts; rollout_precision='policy' samples from the "
+            "policy itself)"
+            if chosen == "bf16"
+            else "",
+        )
+        return chosen
     if precision != "auto":
         return precision
     param = next(policy.parameters())

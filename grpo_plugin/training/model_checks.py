@@ -101,8 +101,8 @@ def check_copy_setup(args: Any, peft_config: Any, init_kwargs: dict[str, Any]) -
     """`rollout_precision` 'bf16' or 'fp16' against the load to come (`init_kwargs` as
     `policy.model_init_kwargs` made them): what `check_copyable` refuses on the loaded model."""
     precision = args.rollout_precision
-    if precision in ("policy", "auto"):
-        return  # 'auto' picks 'policy' itself where a copy cannot be made
+    if precision in (None, "policy", "auto"):
+        return  # None and 'auto' pick 'policy' themselves where a copy cannot be made
     if _quantized(init_kwargs):
         raise ValueError(
             f"rollout_precision={precision!r} with a quantized base (load_in_4bit or a "

@@ -231,6 +231,34 @@ def test_auto_picks_the_copy_this_cpu_runs_fast(
     assert resolve_precision("fp16", policy) == "fp16"  # a named precision is kept as named
 
 
+@pytest.mark.parametrize(
+    "bf16_units, dtype, expected",
+    [(True, torch.float32, "bf16"), (False, torch.float32, "policy"),
+     (None, torch.float32, "policy"), (True, torch.bfloat16, "policy"),
+     (True, torch.float16, "policy")],
+)  # fmt: skip
+def test_the_default_copies_only_a_float32_policy_on_a_cpu_with_bf16_units(
+    tiny_tokenizer, monkeypatch, bf16_units, dtype, expected
+):
+    # None: a bf16 copy only where its learning was measured (an AVX512-BF16 CPU); never fp16
+    monkeypatch.setattr(copy_module, "cpu_has_bf16_units", lambda: bf16_units)
+    policy = make_tiny_model(tiny_tokenizer).to(dtype)
+    assert resolve_precision(None, policy) == expected
+
+
+def test_the_default_samples_a_dora_policy_from_itself_where_a_named_copy_is_refused(
+    tiny_tokenizer, monkeypatch
+):
+    from peft import LoraConfig
+
+    monkeypatch.setattr(copy_module, "cpu_has_bf16_units", lambda: True)
+    dora = get_peft_model(
+        make_tiny_model(tiny_tokenizer), LoraConfig(r=4, target_modules="all-linear", use_dora=True)
+    )
+    assert resolve_precision(None, dora) == "policy"  # no error: the default just does not copy
+    assert resolve_precision(None, _lora_policy(tiny_tokenizer)) == "bf16"  # a plain LoRA does
+
+
 def test_a_bf16_copy_on_a_cpu_without_bf16_units_warns_and_names_fp16(
     tiny_tokenizer, monkeypatch, caplog
 ):
@@ -290,7 +318,7 @@ def test_training_from_a_bf16_copy_logs_the_mismatch(tiny_tokenizer, tmp_path):
     if not packed:  # plain layers: freed the same way
         assert 0 < len(released) < len(weights)
     assert len(released) < len(weights)  # not the rest: the embedding (and the frozen head) stay
-    plain = _trained(tiny_tokenizer, tmp_path / "plain")
+    plain = _trained(tiny_tokenizer, tmp_path / "plain", rollout_precision="policy")
     assert not any(k.startswith("sampling/") for r in plain.state.log_history for k in r)
 
 

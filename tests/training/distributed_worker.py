@@ -100,6 +100,9 @@ def tiny_trainer(
         seed=0,
         log_completions=True,
         max_grad_norm=0.0,  # no clipping: the raw gradients are compared
+        # one process and two sample the same tokens from the policy (the default would give
+        # the one-process run a bf16 copy on a CPU with bf16 units: training/sampling/rollouts.py)
+        rollout_precision="policy",
     )
     return GRPOTrainer(
         model,

@@ -244,7 +244,8 @@ def check_rollout(config: Any) -> None:
         raise ValueError(
             f"max_resample_rounds={config.max_resample_rounds} must be >= 0 (0: no refill)."
         )
-    _choice("rollout_precision", config.rollout_precision, ROLLOUT_PRECISIONS)
+    if config.rollout_precision is not None:  # None: the device's default (rollouts.py)
+        _choice("rollout_precision", config.rollout_precision, ROLLOUT_PRECISIONS)
     if config.cache_implementation not in CACHE_IMPLEMENTATIONS:
         raise ValueError(
             f"cache_implementation={config.cache_implementation!r} is not supported: the rollouts "
@@ -252,7 +253,8 @@ def check_rollout(config: Any) -> None:
         )
     _resolve_trl_correction_names(config)
     config.correction_params()  # validates the mode and the bounds
-    corrected = config.rollout_precision != "policy" and config.sampling_correction
+    copy = config.rollout_precision not in (None, "policy")  # None never copies for VESPO
+    corrected = copy and config.sampling_correction
     if corrected and config.loss_type == "vespo":
         raise ValueError(
             "loss_type='vespo' with a rollout copy is not supported: VESPO folds the sampling "

@@ -256,17 +256,22 @@ class GRPOConfig(TrainingArguments):
     max_resample_rounds: int = _help(
         "Refill rounds per rollout for dynamic sampling before giving up.", 3
     )
-    rollout_precision: str = _help(
+    rollout_precision: str | None = _help(
         "The weights the training rollouts are sampled from. 'policy': the trained model itself "
         "(exact). 'bf16': a bfloat16 copy, merged with the LoRA adapter and refreshed from the "
         "policy before each rollout; it reads half the bytes per decoded token (for CPUs with "
         "AVX512-BF16/AMX, and GPUs). 'fp16': a copy whose linear layers hold float16 weights and "
         "compute in float32 (for CPUs without bf16 units; CPU only). 'auto': 'bf16' where bf16 "
         "is native, 'fp16' on other CPUs, 'policy' where a copy gains nothing (a 4-bit base). "
-        "A copy samples from a slightly "
-        "different distribution: `sampling_correction` corrects the loss for it and the "
-        "`sampling/*` metrics show how far it drifts. Evaluation always uses the policy.",
-        "policy",
+        "None (the default): 'bf16' where its learning was measured against 'policy' (the demo "
+        "over 5 seeds, docs/benchmarks.md) and it pays: a float32 policy on a CPU with "
+        "AVX512-BF16 or AMX, single-turn rollouts, one process, sampling_correction and "
+        "fast_paths on; 'policy' everywhere else (GPUs, CPUs without bf16 units, tools, "
+        "rollout_func, 4-bit, DoRA; docs/configuration.md has the table). The "
+        "first rollout logs the choice. A copy samples from a slightly different distribution: "
+        "`sampling_correction` corrects the loss for it and the `sampling/*` metrics show how "
+        "far it drifts. Evaluation always uses the policy.",
+        None,
     )
     cache_implementation: str | None = _help(
         "The KV cache of the rollouts' decode loop (TRL's field, which TRL hands to transformers' "

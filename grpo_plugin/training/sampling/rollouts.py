@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ...core.tensors import left_pad
-from ...engine.levers import Levers
+from ...engine.levers import Levers, fast_paths_from_env
 from ...engine.rollout_copy import RolloutCopy, check_copyable, resolve_precision
 from ...rollout.multiturn import ToolSetup
 from ...rollout.noise import SamplingNoise
@@ -61,14 +61,29 @@ def decode_engine(args: Any, levers: Levers, device: Any, single_turn: bool) -> 
     return engine
 
 
+def default_scope(args: Any, single_turn: bool) -> str | None:
+    """`rollout_precision` with None (the default) narrowed to where the bf16 copy's learning was
+    measured: single-turn rollouts, one process, `sampling_correction` on, a loss that takes the
+    correction (not VESPO), fast paths on (the reference mode samples from the policy). Outside
+    it, 'policy'; inside, None, and the device decides on the first rollout
+    (`engine.rollout_copy.resolve_precision`)."""
+    if args.rollout_precision is not None:
+        return args.rollout_precision
+    measured = single_turn and args.world_size == 1 and args.sampling_correction
+    fast = args.fast_paths and fast_paths_from_env()
+    return None if measured and fast and args.loss_type != "vespo" else "policy"
+
+
 class RolloutSampler:
     """Samples the rollouts of a `GRPOTrainer` (its args, tokenizer, tools and rollout_func)."""
 
     def __init__(self, trainer: Any, tool_setup: Any, rollout_func: Any, args, policy) -> None:
         self.trainer, self.tool_setup, self.rollout_func = trainer, tool_setup, rollout_func
         self.copy = None  # the cheaper copy the rollouts are sampled from (`rollout_precision`)
-        self._precision = args.rollout_precision  # 'auto' is resolved on the first rollout
-        if self._precision not in ("policy", "auto"):
+        single_turn = rollout_func is None and tool_setup is None
+        # None and 'auto' are resolved on the first rollout
+        self._precision = default_scope(args, single_turn)
+        if self._precision not in (None, "policy", "auto"):
             check_copyable(policy, self._precision)  # one line, before any step
 
     def _rollout_model(self, model):

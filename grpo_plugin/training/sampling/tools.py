@@ -110,7 +110,8 @@ class ToolInputs:
             overlap.check_inputs(args, inputs)  # overlap_scoring: single-turn rollouts only
         if args is not None:
             _check_static_decode(args, inputs)
-        if args is not None and rollout_func is not None and args.rollout_precision != "policy":
+        copy = args is not None and args.rollout_precision not in (None, "policy")
+        if copy and rollout_func is not None:
             raise ValueError(
                 f"rollout_precision={args.rollout_precision!r} with a rollout_func: the function "
                 "samples the rollout itself; use rollout_precision='policy'"

@@ -1,5 +1,8 @@
 """Where training rollouts come from (`training/sampling/rollouts.py`): the decode engine the
-config asks for reaches the sampler, and a static cache trains exactly as the dynamic one."""
+config asks for reaches the sampler, a static cache trains exactly as the dynamic one, and the
+default `rollout_precision` samples from a bf16 copy only where that was measured."""
+
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,13 +17,15 @@ def _trained(tokenizer, tmp_path, **overrides):
 
 
 def test_a_static_cache_trains_exactly_as_the_dynamic_one(tiny_tokenizer, tmp_path, monkeypatch):
-    dynamic = _trained(tiny_tokenizer, tmp_path / "d")
+    # from the policy: a bf16 copy's attention over the longer static cache rounds differently
+    exact = {"rollout_precision": "policy"}
+    dynamic = _trained(tiny_tokenizer, tmp_path / "d", **exact)
     calls = []
     original = static_decode.decode_static
     monkeypatch.setattr(
         static_decode, "decode_static", lambda *a, **k: calls.append(1) or original(*a, **k)
     )
-    static = _trained(tiny_tokenizer, tmp_path / "s", cache_implementation="static")
+    static = _trained(tiny_tokenizer, tmp_path / "s", cache_implementation="static", **exact)
     assert len(calls) == 2  # one static rollout per step
     assert_same_training(
         dynamic, static, ("loss", "reward", "completions/mean_length", "num_tokens")
@@ -64,3 +69,82 @@ def test_the_cuda_plan_compiles_single_turn_decoding_by_default(tmp_path):
     assert not decode_engine(off, levers_for("cuda", False), "cuda", single_turn=True).compile
     asked = tiny_config(tmp_path, compile_decode=True)
     assert decode_engine(asked, levers_for("cpu"), "cpu", single_turn=True).compile
+
+
+def _scope_args(**changes):
+    base = dict(
+        rollout_precision=None, world_size=1, sampling_correction=True, loss_type="dapo",
+        fast_paths=True,
+    )  # fmt: skip
+    return SimpleNamespace(**{**base, **changes})
+
+
+@pytest.mark.parametrize(
+    "changes, single_turn, expected",
+    [({}, True, None), ({}, False, "policy"), ({"world_size": 2}, True, "policy"),
+     ({"sampling_correction": False}, True, "policy"), ({"loss_type": "vespo"}, True, "policy"),
+     ({"fast_paths": False}, True, "policy"),
+     ({"rollout_precision": "bf16"}, False, "bf16"), ({"rollout_precision": "auto"}, True, "auto")],
+)  # fmt: skip
+def test_the_default_precision_is_narrowed_to_where_the_copy_was_measured(
+    changes, single_turn, expected
+):
+    from grpo_plugin.training.sampling.rollouts import default_scope
+
+    # None: the device decides on the first rollout; a named precision is the user's
+    assert default_scope(_scope_args(**changes), single_turn) == expected
+
+
+def test_the_reference_mode_from_the_environment_samples_from_the_policy(monkeypatch):
+    from grpo_plugin.training.sampling.rollouts import default_scope
+
+    monkeypatch.setenv("GRPO_PLUGIN_FAST_PATHS", "0")
+    assert default_scope(_scope_args(), single_turn=True) == "policy"
+    assert default_scope(_scope_args(rollout_precision="bf16"), single_turn=True) == "bf16"
+
+
+@pytest.mark.parametrize("bf16_units, copied", [(True, True), (False, False)])
+def test_a_default_run_samples_from_a_bf16_copy_only_on_a_cpu_with_bf16_units(
+    tiny_tokenizer, tmp_path, monkeypatch, caplog, bf16_units, copied
+):
+    from grpo_plugin.engine import rollout_copy
+
+    monkeypatch.setattr(rollout_copy, "cpu_has_bf16_units", lambda: bf16_units)
+    caplog.set_level("INFO", logger=rollout_copy.__name__)
+    trainer = _trained(tiny_tokenizer, tmp_path)
+    assert trainer.args.rollout_precision is None
+    said = [r.getMessage() for r in caplog.records if r.name == rollout_copy.__name__]
+    chosen = "'bf16'" if copied else "'policy'"
+    assert [m for m in said if m.startswith("rollout_precision default")] == [
+        next(m for m in said if m.startswith(f"rollout_precision default on cpu: {chosen}"))
+    ]  # said once, on the first rollout
+    corrected = [
+        r for r in trainer.state.log_history if "sampling/importance_sampling_ratio/mean" in r
+    ]
+    assert len(corrected) == (2 if copied else 0)
+    assert (trainer._sampler.copy is not None) is copied
+
+
+def test_the_default_is_accepted_where_a_named_copy_is_refused(tiny_tokenizer, tmp_path):
+    from grpo_plugin import GRPOTrainer
+    from tests.conftest import SEVEN_DATA, frac_sevens, make_tiny_model, tiny_config
+
+    def rollout_func(prompts, trainer):  # never called here
+        raise AssertionError
+
+    def build(**overrides):
+        return GRPOTrainer(
+            make_tiny_model(tiny_tokenizer),
+            frac_sevens,
+            args=tiny_config(tmp_path, **overrides),
+            train_dataset=SEVEN_DATA,
+            processing_class=tiny_tokenizer,
+            rollout_func=rollout_func,
+        )
+
+    with pytest.raises(ValueError, match="rollout_precision='bf16' with a rollout_func"):
+        build(rollout_precision="bf16")
+    build()  # the default samples a rollout_func's rollouts from the policy: no error
+    with pytest.raises(ValueError, match="loss_type='vespo' with a rollout copy"):
+        tiny_config(tmp_path, rollout_precision="bf16", loss_type="vespo")
+    assert tiny_config(tmp_path, loss_type="vespo").rollout_precision is None
