@@ -517,9 +517,8 @@ class GRPOConfig(TrainingArguments):
     fast_paths: bool = _help(
         "Let the policy's engine take its fast paths (grpo_plugin/engine/levers.py: the fused "
         "LoRA forward, the frozen LM head's gradient, the shared prompt, padding-free packing, "
-        "the lean decode step, oneDNN-packed bf16 weights, malloc reuse), each checked against "
-        "the reference path the first time it meets the model and turned off (one log line) "
-        "where it differs. False: every forward runs plain transformers + peft (the reference "
+        "oneDNN-packed bf16 weights, malloc reuse), each checked against the reference path "
+        "the first time it meets the model and turned off (one log line) where it differs. False: every forward runs plain transformers + peft (the reference "
         "path; slower, for debugging or to compare). The environment variable "
         "GRPO_PLUGIN_FAST_PATHS=0 does the same for every run.",
         True,

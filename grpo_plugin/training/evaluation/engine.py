@@ -133,7 +133,7 @@ class EvalTarget:
     model: Any
     tokenizer: Any
     tools: Any = None  # a rollout.multiturn.ToolSetup, or None
-    levers: Levers | None = None  # the decode step's fast paths (a trainer's engine); None: all
+    levers: Levers | None = None  # a trainer's engine's levers, for DecodeEngine; None: all
 
 
 @dataclass
