@@ -38,7 +38,6 @@ from transformers import TrainingArguments
 from ..._compat import training_args_dict_fields
 from ...core.objectives import LossParams
 from ...core.sampling_correction import CorrectionParams
-from ...engine.levers import Levers, default_levers
 from ...engine.plan import decode_compiled
 from ...rollout.chat_tools import DEFAULT_TOOL_TEMPLATE
 from ...rollout.multiturn import DEFAULT_MAX_TOOL_RESULT_CHARS, DEFAULT_TOOL_TIMEOUT_S
@@ -628,13 +627,12 @@ class GRPOConfig(TrainingArguments):
             suppress_tokens=tuple((self.generation_kwargs or {}).get("suppress_tokens") or ()),
         )
 
-    def decode_engine(self, levers: Levers | None = None, device: Any = "cpu") -> DecodeEngine:
-        """How the rollouts' decode loop runs (`cache_implementation`, `compile_decode`; None:
-        the device's plan, engine/plan.py) with the decode step's `levers`."""
+    def decode_engine(self, device: Any = "cpu") -> DecodeEngine:
+        """How the rollouts' decode loop runs on `device` (`cache_implementation`,
+        `compile_decode`; None: the device's plan, engine/plan.py)."""
         compile = decode_compiled(self.compile_decode, device, self.fast_paths)
         static = self.cache_implementation == "static"
-        levers = levers or default_levers(self.fast_paths)
-        return DecodeEngine(static_cache=static, compile=compile, levers=levers)
+        return DecodeEngine(static_cache=static, compile=compile)
 
     def loss_params(self) -> LossParams:
         """The policy loss's hyperparameters (validated by `LossParams`)."""

@@ -50,17 +50,16 @@ def test_a_static_decode_with_a_rollout_func_is_refused_in_one_line(tiny_tokeniz
 
 
 def test_the_cuda_plan_compiles_single_turn_decoding_by_default(tmp_path):
-    from grpo_plugin.engine.plan import levers_for
     from grpo_plugin.training.sampling.rollouts import decode_engine
     from tests.conftest import tiny_config
 
     args = tiny_config(tmp_path)
     assert args.compile_decode is None  # the default: the device's plan decides
-    cuda = decode_engine(args, levers_for("cuda"), "cuda", single_turn=True)
-    assert cuda.compile and cuda.static and cuda.levers == levers_for("cuda")
-    assert not decode_engine(args, levers_for("cuda"), "cuda", single_turn=False).compile
-    assert not decode_engine(args, levers_for("cpu"), "cpu", single_turn=True).compile
+    cuda = decode_engine(args, "cuda", single_turn=True)
+    assert cuda.compile and cuda.static
+    assert not decode_engine(args, "cuda", single_turn=False).compile
+    assert not decode_engine(args, "cpu", single_turn=True).compile
     off = tiny_config(tmp_path, fast_paths=False)
-    assert not decode_engine(off, levers_for("cuda", False), "cuda", single_turn=True).compile
+    assert not decode_engine(off, "cuda", single_turn=True).compile
     asked = tiny_config(tmp_path, compile_decode=True)
-    assert decode_engine(asked, levers_for("cpu"), "cpu", single_turn=True).compile
+    assert decode_engine(asked, "cpu", single_turn=True).compile
