@@ -404,20 +404,3 @@ def pre_admitted(model):
         admitted(name, body, 0.0)
     admitted("frozen_head", unwrap_peft(model).get_output_embeddings(), 0.0)
     return model
-
-
-def sample_two_prompts(model, tokenizer, levers):
-    """3 completions of 8 tokens for each of two prompts, decoded with `levers` (engine/levers.py)
-    from one seeded generator: the same draws whatever the levers."""
-    import torch
-
-    from grpo_plugin.rollout.generation import generate_groups
-    from grpo_plugin.rollout.types import DecodeEngine, GenerationRequest, SamplingParams
-
-    prompts = [tokenizer("12+3=")["input_ids"], tokenizer("a longer prompt: 7*8=")["input_ids"]]
-    request = GenerationRequest(
-        sampling=SamplingParams(max_new_tokens=8), num_generations=3, eos_token_ids=[2],
-        pad_token_id=0, generator=torch.Generator().manual_seed(3), record_logprobs=True,
-        engine=DecodeEngine(levers=levers),
-    )  # fmt: skip
-    return generate_groups(model, prompts, request)

@@ -30,10 +30,9 @@ library internals: it calls these helpers.
 | `training_args_dict_fields`         | transformers 5.x turns JSON-string fields (`'{...}'`) into dicts in `TrainingArguments.__post_init__` only for those in its private `_VALID_DICT_FIELDS`; GRPOConfig extends that list with its own dict fields | transformers parses every dict-typed field, or lists them publicly |
 | `set_scheduler_last_lr`             | torch 2.13 `LRScheduler.get_last_lr()` returns private `_last_lr`, set only by `step()` (which counts a step and may warn); a schedule evaluated again at a resumed step (`training/run/resume.py`) sets it | torch can evaluate a schedule at a given step publicly |
 
-The policy's fast paths (`LeanDecodeStep`, `PackedBf16Linear`, `fp16_weight_linear`, the packed
-rows' SDPA entry, the fused LoRA forward) live in `grpo_plugin/engine/`, each a lever with an
-admission check against the reference path (`engine/levers.py`); they may read library internals
-there too.
+The policy's fast paths (`PackedBf16Linear`, `fp16_weight_linear`, the packed rows' SDPA entry,
+the fused LoRA forward) live in `grpo_plugin/engine/`, each a lever with an admission check
+against the reference path (`engine/levers.py`); they may read library internals there too.
 
 Private `transformers.Trainer` methods the trainer overrides (in `training/trainer.py`, the logic in
 `training/run/lifecycle.py`), checked against transformers 5.24:

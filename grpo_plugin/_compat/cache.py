@@ -1,6 +1,6 @@
 """The `cache_tensors`, `dynamic_cache_of` row of the table in `_compat/__init__.py`: a
-`DynamicCache`'s per-layer keys and values in and out, in a file of their own so that
-`decode_step.py` can read them without importing the package that imports it."""
+`DynamicCache`'s per-layer keys and values in and out (the shared prompt's cache in
+`engine/forward.py`, `padding_free.py` and `prompt_grad.py`)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """The policy engine: every forward of the policy in one home.
 
 It owns the training forward (`forward.py`: log-probs, entropy, the MoE loss; the LM-head
-scoring in `lm_head.py`), the decode step (`decode.py`, `decode_step.py`; the prefill is the
-same forward at full width), the rollout copy (`rollout_copy.py`, `kernels.py`) and the
-process's memory settings (`memory.py`). `rollout/`, `training/` and evaluation call it; which
-fast path runs is decided here, never by them.
+scoring in `lm_head.py`), the decode step (`decode.py`; the prefill is the same forward at full
+width), the rollout copy (`rollout_copy.py`, `kernels.py`) and the process's memory settings
+(`memory.py`). `rollout/`, `training/` and evaluation call it; which fast path runs is decided
+here, never by them.
 
 Each fast path is a named lever (`levers.py`: what it needs, its admission check and tolerance);
 `plan.py` picks the levers for the device; `fast_paths=False` (GRPOConfig) or

@@ -2,8 +2,8 @@
 and updates the KV cache, `(ids, mask, positions, cache) -> (logits (A, V), cache)`.
 
 Two forms, one interface, used by the decode loops of `rollout/`:
-- `Decoder`: the dynamic cache; a one-token step runs `LeanDecodeStep` (lever `lean_decode`)
-  where it is on and admitted, else transformers' forward (the reference path);
+- `Decoder`: the dynamic cache, every step (prefill or one token) through transformers'
+  forward;
 - `StaticDecoder`: a preallocated `StaticCache` at fixed shapes, eager or compiled with
   `torch.compile` (CUDA graphs on a GPU: `mode="reduce-overhead"`). It compiles once per shape
   (rows, cache width) and model; the loop (`rollout/static_decode.py`) keeps both fixed.
@@ -25,8 +25,6 @@ from .._compat import (
     unwrap_peft,
 )
 from .._logging import warn_once
-from .decode_step import LeanDecodeStep
-from .levers import Levers, default_levers
 
 __all__ = ["Decoder", "StaticDecoder"]
 
@@ -35,25 +33,14 @@ logger = logging.getLogger(__name__)
 
 class Decoder:
     """Runs the causal LM forward with an explicit cache and returns last-position float32
-    logits; `levers.lean_decode` lets one-token steps run the lean step."""
+    logits."""
 
-    def __init__(self, model: torch.nn.Module, levers: Levers | None = None):
+    def __init__(self, model: torch.nn.Module):
         self.model = unwrap_peft(model)
         self.cache_arg = cache_argument_name(self.model)
         self.keeps_last_only = accepts_logits_to_keep(self.model)
-        lean = (levers or default_levers()).lean_decode
-        self.lean = LeanDecodeStep.of(self.model) if lean else None
 
     def __call__(self, input_ids, attention_mask, position_ids, cache=None):
-        if self.lean is not None and self.lean.takes(input_ids, cache):
-            logits = self.lean(input_ids, attention_mask, position_ids, cache, self._logits)
-            return logits, cache
-        return self._forward(input_ids, attention_mask, position_ids, cache)
-
-    def _logits(self, input_ids, attention_mask, position_ids, cache):
-        return self._forward(input_ids, attention_mask, position_ids, cache)[0]
-
-    def _forward(self, input_ids, attention_mask, position_ids, cache):
         kwargs = {self.cache_arg: cache, "use_cache": True}
         if self.keeps_last_only:
             kwargs["logits_to_keep"] = last_position_to_keep(input_ids.size(1))

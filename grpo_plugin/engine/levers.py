@@ -69,12 +69,6 @@ LEVERS: dict[str, Lever] = {
         "the first packed micro-batch's hidden states against the padded forward's",
         1e-4,
     ),
-    "lean_decode": Lever(
-        "engine/decode_step.py",
-        "one-token decode steps of Llama / Qwen2 with SDPA, no hooks or live dropout",
-        "the first step's logits against transformers' forward",
-        0.0,
-    ),
     "packed_bf16": Lever(
         "engine/kernels.py",
         "a bf16 rollout copy on an x86 CPU whose torch packs oneDNN weights",
@@ -115,7 +109,6 @@ class Levers:
     frozen_head: bool = True
     shared_prompt: bool = True
     padding_free: bool = True
-    lean_decode: bool = True
     packed_bf16: bool = True
     cpu_memory_reuse: bool = True
 

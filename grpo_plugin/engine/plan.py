@@ -22,7 +22,7 @@ from .levers import Levers, default_levers, fast_paths_from_env
 __all__ = ["decode_compiled", "levers_for"]
 
 # what a GPU gives up: the levers measured only on CPUs, or CPU-only by nature
-_CPU_ONLY = ("fused_lora", "frozen_head", "padding_free", "lean_decode", "packed_bf16")
+_CPU_ONLY = ("fused_lora", "frozen_head", "padding_free", "packed_bf16")
 
 
 def levers_for(device: torch.device | str, fast_paths: bool = True) -> Levers:

@@ -137,7 +137,7 @@ def prefill_and_decode(
     unique_ids, unique_mask = left_pad(prompt_ids, spec.pad_token_id, device)  # (P, Lp)
     ids = unique_ids.repeat_interleave(group, 0)  # (N, Lp)
     mask = unique_mask.repeat_interleave(group, 0)  # (N, Lp)
-    decoder = Decoder(model, spec.engine.levers)
+    decoder = Decoder(model)
     logits, cache, prefilled = _prefill(decoder, unique_ids, unique_mask, group, share)
     seen = None
     if spec.sampling.repetition_penalty != 1.0:
@@ -169,7 +169,7 @@ def continue_decoding(
     Positions come from the mask, so each row continues at its own length.
     """
     appended_ids, appended_mask = appended
-    decoder = Decoder(model, spec.engine.levers)
+    decoder = Decoder(model)
     attention = torch.cat([attention, appended_mask], dim=1)  # (A, W + B)
     positions = position_ids_from_mask(attention)[:, -appended_ids.shape[1] :]  # (A, B)
     logits, cache = decoder(appended_ids, attention, positions, cache)

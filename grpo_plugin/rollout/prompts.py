@@ -139,7 +139,7 @@ def _sample_with_tools(model, tokenizer, rows, settings: GroupSampling, noise) -
         share_prompt_prefix=settings.share_prompt_prefix,
         noise=noise,
         record_logprobs=settings.record_logprobs,
-        engine=DecodeEngine(levers=settings.engine.levers),  # the dynamic loop: its levers only
+        engine=DecodeEngine(),  # the dynamic loop: tool results of unknown length join the cache
     )
     result = run_tool_loop(model, tokenizer, prompt_ids, boxes, setup, request)
     completions = [t.messages for t in result.trajectories]

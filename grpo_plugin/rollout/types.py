@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..core.tensors import pad_columns
-from ..engine.levers import Levers
 
 if TYPE_CHECKING:  # annotations only
     from .noise import SamplingNoise
@@ -91,9 +90,6 @@ class DecodeEngine:
     # steps between the host's "has every row finished?" checks; 0: 1 on a CPU (a check costs
     # nothing there), 16 on an accelerator (each check waits for the device)
     check_every: int = 0
-    # the decode step's fast paths (engine/levers.py); None: all, unless the environment says
-    # GRPO_PLUGIN_FAST_PATHS=0 (read when a decode step is built, not at import)
-    levers: Levers | None = None
 
     def __post_init__(self) -> None:
         if self.check_every < 0:

@@ -38,7 +38,6 @@ from transformers import TrainingArguments
 from ..._compat import training_args_dict_fields
 from ...core.objectives import LossParams
 from ...core.sampling_correction import CorrectionParams
-from ...engine.levers import Levers, default_levers
 from ...engine.plan import decode_compiled
 from ...rollout.chat_tools import DEFAULT_TOOL_TEMPLATE
 from ...rollout.multiturn import DEFAULT_MAX_TOOL_RESULT_CHARS, DEFAULT_TOOL_TIMEOUT_S
@@ -522,9 +521,8 @@ class GRPOConfig(TrainingArguments):
     fast_paths: bool = _help(
         "Let the policy's engine take its fast paths (grpo_plugin/engine/levers.py: the fused "
         "LoRA forward, the frozen LM head's gradient, the shared prompt, padding-free packing, "
-        "the lean decode step, oneDNN-packed bf16 weights, malloc reuse), each checked against "
-        "the reference path the first time it meets the model and turned off (one log line) "
-        "where it differs. False: every forward runs plain transformers + peft (the reference "
+        "oneDNN-packed bf16 weights, malloc reuse), each checked against the reference path "
+        "the first time it meets the model and turned off (one log line) where it differs. False: every forward runs plain transformers + peft (the reference "
         "path; slower, for debugging or to compare). The environment variable "
         "GRPO_PLUGIN_FAST_PATHS=0 does the same for every run.",
         True,
@@ -634,13 +632,12 @@ class GRPOConfig(TrainingArguments):
             suppress_tokens=tuple((self.generation_kwargs or {}).get("suppress_tokens") or ()),
         )
 
-    def decode_engine(self, levers: Levers | None = None, device: Any = "cpu") -> DecodeEngine:
-        """How the rollouts' decode loop runs (`cache_implementation`, `compile_decode`; None:
-        the device's plan, engine/plan.py) with the decode step's `levers`."""
+    def decode_engine(self, device: Any = "cpu") -> DecodeEngine:
+        """How the rollouts' decode loop runs on `device` (`cache_implementation`,
+        `compile_decode`; None: the device's plan, engine/plan.py)."""
         compile = decode_compiled(self.compile_decode, device, self.fast_paths)
         static = self.cache_implementation == "static"
-        levers = levers or default_levers(self.fast_paths)
-        return DecodeEngine(static_cache=static, compile=compile, levers=levers)
+        return DecodeEngine(static_cache=static, compile=compile)
 
     def loss_params(self) -> LossParams:
         """The policy loss's hyperparameters (validated by `LossParams`)."""

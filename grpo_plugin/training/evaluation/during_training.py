@@ -129,9 +129,7 @@ class SetEvaluator(EvalEngine):
     def __init__(self, trainer: Any) -> None:
         self.trainer, self.args = trainer, trainer.args
         model = trainer.accelerator.unwrap_model(trainer.model)
-        target = EvalTarget(
-            model, trainer.processing_class, trainer.tool_setup, trainer.engine.levers
-        )
+        target = EvalTarget(model, trainer.processing_class, trainer.tool_setup)
         super().__init__(target, eval_settings(trainer.args), trainer.rewards.scorer)
         self.k = self.settings.num_samples or 1
 

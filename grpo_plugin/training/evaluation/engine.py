@@ -34,10 +34,9 @@ from typing import Any
 
 import torch
 
-from ...engine.levers import Levers, default_levers
 from ...rollout.noise import KeyedNoise
 from ...rollout.prompts import sample_groups
-from ...rollout.types import DecodeEngine, GroupSampling, Rollout, SamplingParams
+from ...rollout.types import GroupSampling, Rollout, SamplingParams
 from ..distributed import contiguous_share, failures_shared, full_parameters, gather_objects
 from ..policy import eval_mode
 from ..rewards.scoring import RewardChecks, RewardScorer
@@ -133,7 +132,6 @@ class EvalTarget:
     model: Any
     tokenizer: Any
     tools: Any = None  # a rollout.multiturn.ToolSetup, or None
-    levers: Levers | None = None  # the decode step's fast paths (a trainer's engine); None: all
 
 
 @dataclass
@@ -300,7 +298,6 @@ class EvalEngine:
             chat_template_kwargs=s.chat_template_kwargs,
             share_prompt_prefix=s.share_prompt_prefix,
             tools=self.target.tools,
-            engine=DecodeEngine(levers=self.target.levers or default_levers()),
         )
         return sample_groups(self.target.model, self.target.tokenizer, rows, settings, noise=noise)
 

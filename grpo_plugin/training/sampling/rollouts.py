@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ...core.tensors import left_pad
-from ...engine.levers import Levers, fast_paths_from_env
+from ...engine.levers import fast_paths_from_env
 from ...engine.rollout_copy import RolloutCopy, check_copyable, resolve_precision
 from ...rollout.multiturn import ToolSetup
 from ...rollout.noise import SamplingNoise
@@ -51,11 +51,11 @@ def group_sampling(
     )
 
 
-def decode_engine(args: Any, levers: Levers, device: Any, single_turn: bool) -> DecodeEngine:
-    """The rollouts' decode loop on `device` with the decode step's `levers`: compiled where
-    `compile_decode` says so, or (None, the default) where the device's plan says so (CUDA,
-    engine/plan.py) and the rollouts are `single_turn` (no tools, no rollout_func)."""
-    engine = args.decode_engine(levers, device)
+def decode_engine(args: Any, device: Any, single_turn: bool) -> DecodeEngine:
+    """The rollouts' decode loop on `device`: compiled where `compile_decode` says so, or (None,
+    the default) where the device's plan says so (CUDA, engine/plan.py) and the rollouts are
+    `single_turn` (no tools, no rollout_func)."""
+    engine = args.decode_engine(device)
     if args.compile_decode is None and not single_turn:
         engine = replace(engine, compile=False)
     return engine
@@ -105,8 +105,8 @@ class RolloutSampler:
 
     def _decode_engine(self) -> DecodeEngine:
         single_turn = self.rollout_func is None and self.tool_setup is None
-        trainer = self.trainer
-        return decode_engine(trainer.args, trainer.engine.levers, trainer.args.device, single_turn)
+        args = self.trainer.args
+        return decode_engine(args, args.device, single_turn)
 
     def sample(self, model, rows: list[dict[str, Any]], noise: SamplingNoise, on_step=None):
         a, tokenizer = self.trainer.args, self.trainer.processing_class

@@ -178,14 +178,12 @@ def test_rollout_copy_settings_are_checked_in_one_line(tmp_path, settings, match
 
 
 def test_cache_implementation_static_is_accepted_and_others_are_refused(tmp_path):
-    from grpo_plugin.engine.levers import default_levers
     from grpo_plugin.rollout.types import DecodeEngine
 
-    dynamic = DecodeEngine(levers=default_levers())  # the config's levers: fast_paths=True
-    assert make(tmp_path).decode_engine() == dynamic
-    assert make(tmp_path, cache_implementation="dynamic").decode_engine() == dynamic
+    assert make(tmp_path).decode_engine() == DecodeEngine()  # a CPU: the dynamic loop
+    assert make(tmp_path, cache_implementation="dynamic").decode_engine() == DecodeEngine()
     static = make(tmp_path, cache_implementation="static").decode_engine()
-    assert static == DecodeEngine(static_cache=True, levers=default_levers())
+    assert static == DecodeEngine(static_cache=True)
     compiled = make(tmp_path, compile_decode=True).decode_engine()
     assert compiled.compile and compiled.static  # compiling implies the static cache
     with pytest.raises(ValueError) as err:
@@ -194,3 +192,20 @@ def test_cache_implementation_static_is_accepted_and_others_are_refused(tmp_path
         "cache_implementation='offloaded' is not supported: the rollouts decode with our own "
         "loop; use None (or 'dynamic') or 'static'."
     )
+
+
+def test_the_configs_decode_engine_follows_the_devices_plan(tmp_path, monkeypatch):
+    from grpo_plugin.rollout.types import DecodeEngine
+
+    monkeypatch.delenv("GRPO_PLUGIN_FAST_PATHS", raising=False)
+    # compile_decode=None (the default): compiled (so static) on CUDA, not on a CPU
+    assert make(tmp_path).decode_engine("cuda") == DecodeEngine(compile=True)
+    assert make(tmp_path).decode_engine("cpu") == DecodeEngine()
+    # fast_paths=False is the reference plan: nothing compiled, on any device
+    assert make(tmp_path, fast_paths=False).decode_engine("cuda") == DecodeEngine()
+    monkeypatch.setenv("GRPO_PLUGIN_FAST_PATHS", "0")
+    assert make(tmp_path).decode_engine("cuda") == DecodeEngine()
+    # an explicit compile_decode wins over the plan; the cache stays as asked
+    static = make(tmp_path, compile_decode=False, cache_implementation="static")
+    assert static.decode_engine("cuda") == DecodeEngine(static_cache=True)
+    assert make(tmp_path, compile_decode=True).decode_engine("cpu") == DecodeEngine(compile=True)

@@ -54,21 +54,28 @@ def test_a_static_decode_with_a_rollout_func_is_refused_in_one_line(tiny_tokeniz
     )
 
 
-def test_the_cuda_plan_compiles_single_turn_decoding_by_default(tmp_path):
-    from grpo_plugin.engine.plan import levers_for
+def test_the_cuda_plan_compiles_single_turn_decoding_by_default(tmp_path, monkeypatch):
     from grpo_plugin.training.sampling.rollouts import decode_engine
     from tests.conftest import tiny_config
 
+    monkeypatch.delenv("GRPO_PLUGIN_FAST_PATHS", raising=False)  # the plan with fast paths on
+
     args = tiny_config(tmp_path)
     assert args.compile_decode is None  # the default: the device's plan decides
-    cuda = decode_engine(args, levers_for("cuda"), "cuda", single_turn=True)
-    assert cuda.compile and cuda.static and cuda.levers == levers_for("cuda")
-    assert not decode_engine(args, levers_for("cuda"), "cuda", single_turn=False).compile
-    assert not decode_engine(args, levers_for("cpu"), "cpu", single_turn=True).compile
+    cuda = decode_engine(args, "cuda", single_turn=True)
+    assert cuda.compile and cuda.static
+    assert not decode_engine(args, "cuda", single_turn=False).compile
+    assert not decode_engine(args, "cpu", single_turn=True).compile
     off = tiny_config(tmp_path, fast_paths=False)
-    assert not decode_engine(off, levers_for("cuda", False), "cuda", single_turn=True).compile
+    assert not decode_engine(off, "cuda", single_turn=True).compile
     asked = tiny_config(tmp_path, compile_decode=True)
-    assert decode_engine(asked, levers_for("cpu"), "cpu", single_turn=True).compile
+    assert decode_engine(asked, "cpu", single_turn=True).compile
+
+
+@pytest.fixture
+def fast_paths_on(monkeypatch):
+    """The default's scope with fast paths on, also under `make test-reference`'s environment."""
+    monkeypatch.delenv("GRPO_PLUGIN_FAST_PATHS", raising=False)
 
 
 def _scope_args(**changes):
@@ -87,7 +94,7 @@ def _scope_args(**changes):
      ({"rollout_precision": "bf16"}, False, "bf16"), ({"rollout_precision": "auto"}, True, "auto")],
 )  # fmt: skip
 def test_the_default_precision_is_narrowed_to_where_the_copy_was_measured(
-    changes, single_turn, expected
+    changes, single_turn, expected, fast_paths_on
 ):
     from grpo_plugin.training.sampling.rollouts import default_scope
 
@@ -105,7 +112,7 @@ def test_the_reference_mode_from_the_environment_samples_from_the_policy(monkeyp
 
 @pytest.mark.parametrize("bf16_units, copied", [(True, True), (False, False)])
 def test_a_default_run_samples_from_a_bf16_copy_only_on_a_cpu_with_bf16_units(
-    tiny_tokenizer, tmp_path, monkeypatch, caplog, bf16_units, copied
+    tiny_tokenizer, tmp_path, monkeypatch, caplog, bf16_units, copied, fast_paths_on
 ):
     from grpo_plugin.engine import rollout_copy
 
