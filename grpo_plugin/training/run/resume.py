@@ -62,6 +62,9 @@ SCHEDULE = frozenset(
 KEPT_BY_OPTIMIZER = frozenset("adam_beta1 adam_beta2 adam_epsilon weight_decay".split())
 # Compared once the trainer is built (the recipe check before the model loads cannot see them).
 AFTER_LOAD = frozenset({"model_init_kwargs", "reward_funcs", "lora"})
+# None is a choice of these fields (the device's plan picks), not "not known yet": a resume that
+# moves one to or from None can change how the rollouts are sampled.
+NONE_IS_A_CHOICE = frozenset({"rollout_precision", "compile_decode"})
 _PROMPTS_HASHED = 1000
 
 
@@ -230,7 +233,9 @@ def compare(saved: dict[str, Any], current: dict[str, Any]) -> Changes:
     new = {**current.get("config", {}), **current.get("run", {})}
     out = Changes()
     for name in sorted(old.keys() & new.keys()):
-        if name in FREE or old[name] == new[name] or None in (old[name], new[name]):
+        if name in FREE or old[name] == new[name]:
+            continue
+        if None in (old[name], new[name]) and name not in NONE_IS_A_CHOICE:
             continue  # None: not known on one side (a streamed dataset)
         part = (
             out.schedule

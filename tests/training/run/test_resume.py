@@ -188,6 +188,21 @@ def test_output_and_cadence_fields_are_free_to_change():
     assert changed.refused == {"beta": (0.0, 0.1)}
 
 
+def test_a_resume_onto_the_device_default_of_the_rollouts_is_a_change():
+    """rollout_precision None (the default since 2026-12-06) samples from a bf16 copy on a CPU with
+    bf16 units: a run started with 'policy' (the earlier default) is refused, not switched."""
+    from grpo_plugin.training.run.resume import compare
+
+    saved = {"config": {"rollout_precision": "policy", "compile_decode": None, "top_k": None}}
+    current = {"config": {"rollout_precision": None, "compile_decode": True, "top_k": None}}
+    assert compare(saved, current).refused == {
+        "compile_decode": (None, True),
+        "rollout_precision": ("policy", None),
+    }
+    unknown = compare({"run": {"dataset": "8 rows, ab"}}, {"run": {"dataset": None}})
+    assert unknown.recorded() == {}  # a streamed dataset's digest is not known: skipped
+
+
 def test_a_checkpoint_of_an_older_version_resumes_with_a_warning(
     tiny_tokenizer, finished, tmp_path, caplog
 ):
