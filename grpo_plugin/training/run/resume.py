@@ -62,9 +62,6 @@ SCHEDULE = frozenset(
 KEPT_BY_OPTIMIZER = frozenset("adam_beta1 adam_beta2 adam_epsilon weight_decay".split())
 # Compared once the trainer is built (the recipe check before the model loads cannot see them).
 AFTER_LOAD = frozenset({"model_init_kwargs", "reward_funcs", "lora"})
-# None is a choice of these fields (the device's plan picks), not "not known yet": a resume that
-# moves one to or from None can change how the rollouts are sampled.
-NONE_IS_A_CHOICE = frozenset({"rollout_precision", "compile_decode"})
 _PROMPTS_HASHED = 1000
 
 
@@ -227,16 +224,18 @@ class Changes:
 
 
 def compare(saved: dict[str, Any], current: dict[str, Any]) -> Changes:
-    """Each differing field of two records, sorted into refused / schedule / kept (FREE ones and
-    fields one side does not know are skipped)."""
-    old = {**saved.get("config", {}), **saved.get("run", {})}
-    new = {**current.get("config", {}), **current.get("run", {})}
+    """Each differing field of two records, sorted into refused / schedule / kept (FREE ones,
+    fields one side does not know, and run facts one side has as None are skipped). A config
+    field's None is a value like any other (`rollout_precision` None: the device's default)."""
+    old_run, new_run = saved.get("run", {}), current.get("run", {})
+    old = {**saved.get("config", {}), **old_run}
+    new = {**current.get("config", {}), **new_run}
     out = Changes()
     for name in sorted(old.keys() & new.keys()):
         if name in FREE or old[name] == new[name]:
             continue
-        if None in (old[name], new[name]) and name not in NONE_IS_A_CHOICE:
-            continue  # None: not known on one side (a streamed dataset)
+        if name in old_run and None in (old[name], new[name]):
+            continue  # not known on one side (a streamed dataset's digest, rewards before load)
         part = (
             out.schedule
             if name in SCHEDULE

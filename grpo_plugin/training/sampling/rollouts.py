@@ -80,9 +80,8 @@ class RolloutSampler:
     def __init__(self, trainer: Any, tool_setup: Any, rollout_func: Any, args, policy) -> None:
         self.trainer, self.tool_setup, self.rollout_func = trainer, tool_setup, rollout_func
         self.copy = None  # the cheaper copy the rollouts are sampled from (`rollout_precision`)
-        single_turn = rollout_func is None and tool_setup is None
         # None and 'auto' are resolved on the first rollout
-        self._precision = default_scope(args, single_turn)
+        self._precision = default_scope(args, self.single_turn)
         if self._precision not in (None, "policy", "auto"):
             check_copyable(policy, self._precision)  # one line, before any step
 
@@ -103,10 +102,14 @@ class RolloutSampler:
             return model
         return self.copy.refresh(model, self.trainer.state.global_step)  # new at each step
 
+    @property
+    def single_turn(self) -> bool:
+        """No tools and no rollout_func: one completion per prompt, from our own loop."""
+        return self.rollout_func is None and self.tool_setup is None
+
     def _decode_engine(self) -> DecodeEngine:
-        single_turn = self.rollout_func is None and self.tool_setup is None
         args = self.trainer.args
-        return decode_engine(args, args.device, single_turn)
+        return decode_engine(args, args.device, self.single_turn)
 
     def sample(self, model, rows: list[dict[str, Any]], noise: SamplingNoise, on_step=None):
         a, tokenizer = self.trainer.args, self.trainer.processing_class

@@ -193,10 +193,19 @@ def test_a_resume_onto_the_device_default_of_the_rollouts_is_a_change():
     bf16 units: a run started with 'policy' (the earlier default) is refused, not switched."""
     from grpo_plugin.training.run.resume import compare
 
-    saved = {"config": {"rollout_precision": "policy", "compile_decode": None, "top_k": None}}
-    current = {"config": {"rollout_precision": None, "compile_decode": True, "top_k": None}}
+    saved = {
+        "config": {
+            "rollout_precision": "policy",
+            "compile_decode": None,
+            "top_k": None,
+            "epsilon_high": None,
+        }
+    }
+    current = {"config": {"rollout_precision": None, "compile_decode": True, "top_k": None,
+                          "epsilon_high": 0.28}}  # fmt: skip
     assert compare(saved, current).refused == {
         "compile_decode": (None, True),
+        "epsilon_high": (None, 0.28),  # any config field's None is a value
         "rollout_precision": ("policy", None),
     }
     unknown = compare({"run": {"dataset": "8 rows, ab"}}, {"run": {"dataset": None}})

@@ -32,22 +32,27 @@ def test_a_static_cache_trains_exactly_as_the_dynamic_one(tiny_tokenizer, tmp_pa
     )
 
 
-def test_a_static_decode_with_a_rollout_func_is_refused_in_one_line(tiny_tokenizer, tmp_path):
+def _with_rollout_func(tokenizer, tmp_path, **overrides):
+    """A trainer whose rollouts come from a `rollout_func` (never called: no step is taken)."""
     from grpo_plugin import GRPOTrainer
     from tests.conftest import SEVEN_DATA, frac_sevens, make_tiny_model, tiny_config
 
-    def rollout_func(prompts, trainer):  # never called: refused before any step
+    def rollout_func(prompts, trainer):
         raise AssertionError
 
-    with pytest.raises(ValueError) as err:
-        GRPOTrainer(
-            make_tiny_model(tiny_tokenizer),
-            frac_sevens,
-            args=tiny_config(tmp_path, compile_decode=True),
-            train_dataset=SEVEN_DATA,
-            processing_class=tiny_tokenizer,
-            rollout_func=rollout_func,
-        )
+    return GRPOTrainer(
+        make_tiny_model(tokenizer),
+        frac_sevens,
+        args=tiny_config(tmp_path, **overrides),
+        train_dataset=SEVEN_DATA,
+        processing_class=tokenizer,
+        rollout_func=rollout_func,
+    )
+
+
+def test_a_static_decode_with_a_rollout_func_is_refused_in_one_line(tiny_tokenizer, tmp_path):
+    with pytest.raises(ValueError) as err:  # refused before any step
+        _with_rollout_func(tiny_tokenizer, tmp_path, compile_decode=True)
     assert str(err.value) == (
         "compile_decode=True is for single-turn rollouts, not a rollout_func (it generates by "
         "itself); leave it off."
@@ -133,25 +138,11 @@ def test_a_default_run_samples_from_a_bf16_copy_only_on_a_cpu_with_bf16_units(
 
 
 def test_the_default_is_accepted_where_a_named_copy_is_refused(tiny_tokenizer, tmp_path):
-    from grpo_plugin import GRPOTrainer
-    from tests.conftest import SEVEN_DATA, frac_sevens, make_tiny_model, tiny_config
-
-    def rollout_func(prompts, trainer):  # never called here
-        raise AssertionError
-
-    def build(**overrides):
-        return GRPOTrainer(
-            make_tiny_model(tiny_tokenizer),
-            frac_sevens,
-            args=tiny_config(tmp_path, **overrides),
-            train_dataset=SEVEN_DATA,
-            processing_class=tiny_tokenizer,
-            rollout_func=rollout_func,
-        )
+    from tests.conftest import tiny_config
 
     with pytest.raises(ValueError, match="rollout_precision='bf16' with a rollout_func"):
-        build(rollout_precision="bf16")
-    build()  # the default samples a rollout_func's rollouts from the policy: no error
+        _with_rollout_func(tiny_tokenizer, tmp_path, rollout_precision="bf16")
+    _with_rollout_func(tiny_tokenizer, tmp_path)  # the default: from the policy, no error
     with pytest.raises(ValueError, match="loss_type='vespo' with a rollout copy"):
         tiny_config(tmp_path, rollout_precision="bf16", loss_type="vespo")
     assert tiny_config(tmp_path, loss_type="vespo").rollout_precision is None
