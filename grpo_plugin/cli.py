@@ -37,6 +37,7 @@ quiet_bnb_kernel_warnings()  # before anything imports bitsandbytes
 from .app import arguments  # noqa: E402
 from .app.recipe import RecipeError, load_recipe, one_line, recipe_parser  # noqa: E402
 from .app.recipe_checks import check_recipe  # noqa: E402
+from .training.config import SECRET_FIELDS  # noqa: E402
 
 EXIT_BAD_RECIPE = 2
 
@@ -75,14 +76,29 @@ def fail(message: str, code: int = EXIT_BAD_RECIPE) -> int:
 _BOOL_WORDS = ("true", "false", "yes", "no", "1", "0", "t", "f", "y", "n")
 
 
+_SECRET_FLAGS = frozenset(
+    f"--{spelling}" for name in SECRET_FIELDS for spelling in (name, name.replace("_", "-"))
+)
+
+
 def resume_command(argv: Sequence[str]) -> str:
     """The `train` command line that resumes the run `argv` started."""
+    return train_command(argv, "--resume_from_checkpoint", "true")
+
+
+def train_command(argv: Sequence[str], *flags: str) -> str:
+    """`grpo-plugin train` with `argv` less its resume and overwrite flags, plus `flags`; a
+    credential passed by flag (`--hub_token`) is left out, so that a printed line never carries it
+    into a log."""
     kept, skip = [], 0
     for i, arg in enumerate(argv):
         if skip:
             skip -= 1
             continue
         name = arg.split("=", 1)[0]
+        if name in _SECRET_FLAGS:
+            skip = 0 if "=" in arg else 1
+            continue
         if name == "--overwrite_output_dir":  # a bare flag, or followed by its value
             following = argv[i + 1].lower() if i + 1 < len(argv) else ""
             skip = 1 if "=" not in arg and following in _BOOL_WORDS else 0
@@ -91,7 +107,11 @@ def resume_command(argv: Sequence[str]) -> str:
             skip = 0 if "=" in arg or i + 1 == len(argv) else 1
             continue
         kept.append(shlex.quote(arg))
-    return " ".join(["grpo-plugin", "train", *kept, "--resume_from_checkpoint", "true"])
+    command = " ".join(["grpo-plugin", "train", *kept, *flags])
+    dropped = sorted({a.split("=", 1)[0] for a in argv} & _SECRET_FLAGS)
+    if dropped:  # a shell comment: the line can still be pasted as it is
+        command += f"  # {', '.join(dropped)} left out: pass it again or set HF_TOKEN"
+    return command
 
 
 def aborted_line(argv: Sequence[str], output_dir: str) -> str:
@@ -100,10 +120,9 @@ def aborted_line(argv: Sequence[str], output_dir: str) -> str:
 
     if has_complete(output_dir):
         return f"Aborted without saving this step. To resume: {resume_command(argv)}"
-    again = resume_command(argv).removesuffix(" --resume_from_checkpoint true")
+    again = train_command(argv, "--overwrite_output_dir")
     return (
-        f"Aborted; no checkpoint was saved, so there is nothing to resume. To start over: "
-        f"{again} --overwrite_output_dir"
+        f"Aborted; no checkpoint was saved, so there is nothing to resume. To start over: {again}"
     )
 
 
@@ -114,10 +133,9 @@ def stopped_line(stop, argv: Sequence[str], output_dir: str) -> str:
 
     if has_complete(output_dir):
         return f"{stop} To resume: {resume_command(argv)}"
-    again = resume_command(argv).removesuffix(" --resume_from_checkpoint true")
     if previous_run_files(output_dir):
-        return f"{stop} To start over: {again} --overwrite_output_dir"
-    return f"{stop} Nothing was trained; to start again: {again}"
+        return f"{stop} To start over: {train_command(argv, '--overwrite_output_dir')}"
+    return f"{stop} Nothing was trained; to start again: {train_command(argv)}"
 
 
 def disk_full_line(err: BaseException, output_dir: str | None) -> str | None:

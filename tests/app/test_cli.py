@@ -291,6 +291,18 @@ def test_the_resume_command_drops_overwrite_and_its_value(flags):
 
 
 @pytest.mark.parametrize(
+    "flags", [["--hub_token", "hf_S3CRET"], ["--hub_token=hf_S3CRET"], ["--hub-token", "hf_S3CRET"]]
+)
+def test_the_printed_resume_and_restart_lines_never_repeat_the_hub_token(flags, tmp_path):
+    argv = ["r.yaml", *flags, "--max_steps", "8"]
+    for line in (cli.resume_command(argv), cli.aborted_line(argv, str(tmp_path))):
+        assert "hf_S3CRET" not in line
+        assert "--max_steps 8" in line and "left out: pass it again or set HF_TOKEN" in line
+    command = cli.resume_command(argv).split("  #")[0]  # what a shell runs of the pasted line
+    assert command == "grpo-plugin train r.yaml --max_steps 8 --resume_from_checkpoint true"
+
+
+@pytest.mark.parametrize(
     ("flags", "expected"),
     [  # issue 45: each ended in a traceback (or, --batch-size 0, ran) once the model had loaded
         (["--eval-size", "0"], "--eval-size=0 must be >= 1"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 from huggingface_hub import ModelCard
 
 from grpo_plugin import cli, run_recipe
@@ -73,6 +74,24 @@ def test_run_recipe_writes_every_run_file(tiny_model_dir, tmp_path):
     assert summary["datasets"] == []  # local data
     assert summary["sampling"]["temperature"] == 1.0  # what `chat --sample` samples with
     assert summary["sampling"]["max_completion_length"] == 4
+
+
+def test_a_hub_token_by_flag_or_environment_is_in_no_file_of_the_run(
+    tiny_model_dir, tmp_path, monkeypatch, capsys
+):
+    flag_token, env_token = "hf_FlagSecret0123456789", "hf_EnvSecret0123456789"
+    monkeypatch.setenv("HF_TOKEN", env_token)
+    path, out = write_recipe(tmp_path, tiny_model_dir)
+    flags = ["--save_strategy", "steps", "--save_steps", "1", "--max_steps", "2"]
+    assert cli.main(["train", str(path), *flags, "--hub_token", flag_token]) == 0
+    assert (out / "checkpoint-2" / "training_args.bin").is_file()
+    files = [p for p in out.rglob("*") if p.is_file()]
+    leaked = [p for p in files for t in (flag_token, env_token) if t.encode() in p.read_bytes()]
+    assert leaked == []
+    recipe = (out / "recipe.yaml").read_text()
+    assert "hub_token" not in yaml.safe_load(recipe)  # what publish uploads
+    assert "# hub_token: given, not written" in recipe
+    assert flag_token not in capsys.readouterr().out
 
 
 def test_builtin_recipes_are_found_by_name_and_listed(capsys):

@@ -145,6 +145,21 @@ def _add_gguf(
     return paths.gguf.name
 
 
+_SCANNED_BYTES = 64 * 2**20  # weights above this size hold no text a token could hide in
+
+
+def check_no_token(files: dict[str, Path], token: str) -> None:
+    """Refuse to upload a file that holds the token (a recipe or log that a user or an older
+    version wrote it into): one line naming the file, before anything leaves the machine."""
+    needle = token.encode()
+    for name, path in sorted(files.items()):
+        if path.stat().st_size <= _SCANNED_BYTES and needle in path.read_bytes():
+            raise ValueError(
+                f"{path} holds your Hugging Face token, and publishing would upload it to "
+                f"{name!r}: remove the token from that file (and revoke it if it was shared)."
+            )
+
+
 def _operations(files: dict[str, Path], card_text: str) -> list[CommitOperationAdd]:
     ops = [
         CommitOperationAdd(path_in_repo=k, path_or_fileobj=str(v)) for k, v in sorted(files.items())
@@ -260,6 +275,7 @@ def publish(
                 {p.name: p for p in merged_dir.iterdir() if _matches(p.name, MODEL_PATTERNS)}
             )
         gguf_file = _add_gguf(files, output_dir, repo_id, gguf, Path(staging)) if gguf else None
+        check_no_token(files, token)
         if CURVE_FILE not in files:
             logger.warning("%s has no %s; the card will have no curve.", output_dir, CURVE_FILE)
         card = build_model_card(

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..._compat import set_scheduler_last_lr
 from .. import cpu_threads
+from ..config.grpo_config import SECRET_FIELDS
 from . import checkpoints, rundir
 
 logger = logging.getLogger(__name__)
@@ -163,8 +164,9 @@ def _plain(value: Any) -> Any:
 
 def config_values(args: Any) -> dict[str, Any]:
     """Every init field of a GRPOConfig, JSON-able (transformers' `to_dict` writes into the
-    config's own `model_init_kwargs`; this copies)."""
-    return _plain({f.name: getattr(args, f.name) for f in fields(args) if f.init})
+    config's own `model_init_kwargs`; this copies). A credential (`SECRET_FIELDS`) is left out."""
+    kept = [f.name for f in fields(args) if f.init and f.name not in SECRET_FIELDS]
+    return _plain({name: getattr(args, name) for name in kept})
 
 
 def dataset_digest(dataset: Any) -> str | None:

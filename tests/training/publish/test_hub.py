@@ -251,6 +251,15 @@ def test_no_token_says_how_to_log_in(trained, hub, monkeypatch, tmp_path):
     assert hub.requests == []
 
 
+def test_a_run_file_that_holds_the_token_is_never_uploaded(tmp_path, trained, hub):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained[0], run_dir)
+    (run_dir / "recipe.yaml").write_text(f"# The recipe as run\nhub_token: {TOKEN}\n")
+    with pytest.raises(ValueError, match=r"recipe.yaml holds your Hugging Face token"):
+        publish(run_dir, REPO)
+    assert hub.commits == [] and not hub.repo_dir(REPO).exists()
+
+
 def test_repo_id_without_namespace(trained, hub, capsys):
     with pytest.raises(ValueError, match="needs a namespace.*USER/NAME"):
         publish(trained[0], "tiny-grpo")
