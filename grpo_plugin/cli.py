@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ._compat import quiet_bnb_kernel_warnings  # noqa: E402
+from ._logging import visible  # noqa: E402
 
 quiet_bnb_kernel_warnings()  # before anything imports bitsandbytes
 
@@ -66,7 +67,7 @@ def quiet_logs() -> None:
 
 
 def fail(message: str, code: int = EXIT_BAD_RECIPE) -> int:
-    print(f"error: {one_line(message)}", file=sys.stderr)
+    print(f"error: {visible(one_line(message))}", file=sys.stderr)  # it may quote a prompt
     return code
 
 
@@ -208,7 +209,7 @@ def cmd_train(argv: Sequence[str]) -> int:
 
         question = example_question(data.held_out if data.held_out is not None else data.train)
         out = Path(recipe.config.output_dir)
-        print("\n".join(summary_lines(evaluation, out, question)))
+        print(visible("\n".join(summary_lines(evaluation, out, question))))  # the question
     return 0
 
 
@@ -272,14 +273,14 @@ def cmd_answer(args: argparse.Namespace) -> int:
     except (RecipeError, EmbeddedModelMissing) as err:
         return fail(str(err))
     if args.command == "generate":
-        print(chat.answer(args.prompt))
+        print(visible(chat.answer(args.prompt)))  # the model's text, shown, never acted on
         return 0
     interactive = sys.stdin.isatty()
     if interactive:
         print("Type a message (/reset: a new conversation; /exit or Ctrl-D: quit).")
     lines = _typed_lines() if interactive else sys.stdin
     try:
-        converse(chat, lines, lambda text: print(text, flush=True), interactive)
+        converse(chat, lines, lambda text: print(visible(text), flush=True), interactive)
     except KeyboardInterrupt:
         print()
         return 128 + signal.SIGINT

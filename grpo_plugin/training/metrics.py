@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from .._logging import visible
 from ..rollout.dynamic_sampling import informative_groups
 from ..rollout.types import Rollout
 
@@ -194,7 +195,7 @@ def format_completions(records: dict[str, list], limit: int, unique_prompts: boo
 
     def short(value) -> str:
         text = value if isinstance(value, str) else repr(value)
-        return " ".join(text.split())[:80]
+        return visible(" ".join(text.split())[:80])  # the table is logged
 
     lines = ["reward | advantage | prompt | completion"]
     for i in rows:

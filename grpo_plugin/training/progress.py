@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from .._logging import visible
+
 PLAIN_INTERVAL_S = 30.0
 # Internal (tests): a shorter interval; 0 writes a plain line at every update and starts no timer.
 INTERVAL_ENV = "GRPO_PLUGIN_PROGRESS_INTERVAL_S"
@@ -172,7 +174,7 @@ class ProgressBoard:
             if self.live and self._display is not None:
                 self._display.remove_task(task.rich_id)
                 if summary:
-                    self._display.console.print(summary, markup=False, highlight=False)
+                    self._display.console.print(visible(summary), markup=False, highlight=False)
                 if not self.tasks:
                     self._display.stop()
                     self._display = None
@@ -248,7 +250,7 @@ class ProgressBoard:
 
     # --- plain lines ---------------------------------------------------------------------------
     def _write(self, text: str) -> None:
-        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        self.console.print(visible(text), markup=False, highlight=False, soft_wrap=True)
 
     def _write_task(self, task: Task) -> None:
         task.last_line = time.monotonic()

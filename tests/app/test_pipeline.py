@@ -94,6 +94,21 @@ def test_a_hub_token_by_flag_or_environment_is_in_no_file_of_the_run(
     assert flag_token not in capsys.readouterr().out
 
 
+def test_a_prompt_with_terminal_escapes_is_printed_with_them_shown(
+    tiny_model_dir, tmp_path, capsys
+):
+    data = tmp_path / "data.jsonl"
+    hostile = "What is 1 + 1?\x1b]0;TITLE\x07\x1b[2J\x1b]52;c;aGk=\x07"
+    data.write_text(
+        "".join(json.dumps({"prompt": hostile, "answer": "2"}) + "\n" for _ in range(8))
+    )
+    path, out = write_recipe(tmp_path, tiny_model_dir, dataset=f"{{path: {data}}}")
+    assert cli.main(["train", str(path)]) == 0
+    printed = capsys.readouterr()
+    assert "\x1b" not in printed.out + printed.err and "\x07" not in printed.out + printed.err
+    assert r"What is 1 + 1?\x1b]0;TITLE\x07" in printed.out  # the example for `generate`
+
+
 def test_builtin_recipes_are_found_by_name_and_listed(capsys):
     recipes = builtin_recipes()
     assert {"arithmetic", "dapo", "gsm8k_gspo", "gsm8k_qlora"} <= set(recipes)

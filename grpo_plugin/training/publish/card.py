@@ -21,7 +21,7 @@ from huggingface_hub import ModelCard, ModelCardData
 
 from ...core.objectives import PAPERS, objective_name
 from ..run.rundir import CARD_FILE, CURVE_FILE, load_run_info
-from .card_eval import eval_section
+from .card_eval import eval_section, md_code, md_text
 
 BASE_TAGS = ["grpo", "grpo-plugin", "reinforcement-learning"]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -166,8 +166,8 @@ def _adapter_sentence(run: dict[str, Any]) -> str:
 def _reward_entry(func: dict[str, Any]) -> str:
     weight = f"weight {_fmt(func.get('weight', 1.0))}"
     if func.get("model"):
-        return f"`{func.get('name')}` (reward model `{func['model']}`, {weight})"
-    return f"`{func.get('name')}` ({weight})"
+        return f"{md_code(func.get('name'))} (reward model {md_code(func['model'])}, {weight})"
+    return f"{md_code(func.get('name'))} ({weight})"
 
 
 def _rewards_sentence(run: dict[str, Any]) -> str:
@@ -176,9 +176,9 @@ def _rewards_sentence(run: dict[str, Any]) -> str:
         return "Reward functions: not recorded."
     listed = ", ".join(_reward_entry(f) for f in funcs)
     datasets = run.get("datasets") or []
-    data = f" Training prompts: {', '.join(f'`{d}`' for d in datasets)}." if datasets else ""
+    data = f" Training prompts: {', '.join(md_code(d) for d in datasets)}." if datasets else ""
     tools = run.get("tools") or []
-    used = f" Tools the model could call: {', '.join(f'`{t}`' for t in tools)}." if tools else ""
+    used = f" Tools the model could call: {', '.join(md_code(t) for t in tools)}." if tools else ""
     return f"Reward functions (weighted sum): {listed}.{data}{used}"
 
 
@@ -197,8 +197,8 @@ def _base_notes(run: dict[str, Any], merged: bool) -> list[str]:
     base_path = str(run.get("base_model_path") or "")
     if base_path.startswith("embedded:"):
         notes.append(
-            f"Training used `{base_path}`, a copy of the base dequantised from a GGUF file, so its "
-            f"weights differ slightly from `{run.get('base_model')}` on the Hub."
+            f"Training used {md_code(base_path)}, a copy of the base dequantised from a GGUF file, "
+            f"so its weights differ slightly from {md_code(run.get('base_model'))} on the Hub."
         )
     if run.get("load_in_4bit") and merged:
         notes.append(
@@ -286,11 +286,13 @@ def build_model_card(
     run = load_run_info(output_dir)
     card_data = build_card_data(run, merged=merged)
     kind = "merged model" if merged or not run.get("adapter", True) else "LoRA adapter"
-    title = repo_id.split("/")[-1] if repo_id else output_dir.resolve().name
+    title = md_text(repo_id.split("/")[-1] if repo_id else output_dir.resolve().name)
     base = run.get("base_model") or "an unrecorded base model"
+    linked = (
+        f"[{md_code(base)}](https://huggingface.co/{base})" if is_hub_id(base) else md_code(base)
+    )
     sections = [
-        f"# {title}\n\nA {kind} for [`{base}`]"
-        f"({'https://huggingface.co/' + base if is_hub_id(base) else base}), fine-tuned with "
+        f"# {title}\n\nA {kind} for {linked}, fine-tuned with "
         "reinforcement learning from verifiable rewards by "
         f"grpo-plugin {run.get('grpo_plugin_version', '')}.\n",
         _objective_section(run),

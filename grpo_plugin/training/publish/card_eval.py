@@ -8,11 +8,28 @@ its 95% Wilson score interval (`training/evaluation/curve.py`).
 
 from __future__ import annotations
 
+import html
+import re
 from pathlib import Path
 from typing import Any
 
 from ..evaluation.curve import build_curve, wilson_interval
 from ..run.rundir import EVAL_FILE, read_json, read_metrics
+
+_MARKDOWN_PUNCTUATION = re.compile(r"([\\`*_\[\]!|~])")  # what can start markup mid-line
+
+
+def md_text(value: Any) -> str:
+    """A name from the run (its folder, a model path) as literal Markdown text: HTML escaped (the
+    Hub renders the card's HTML), Markdown punctuation escaped, one line."""
+    one_line = " ".join(str(value).split())
+    return _MARKDOWN_PUNCTUATION.sub(r"\\\1", html.escape(one_line, quote=False))
+
+
+def md_code(value: Any) -> str:
+    """A name from the run as an inline code span that nothing in it can end (a backtick
+    becomes a quote; inside code, HTML is shown, not rendered)."""
+    return "`" + " ".join(str(value).split()).replace("`", "'") + "`"
 
 
 def _pct(value: Any) -> str:
@@ -44,8 +61,8 @@ def _before_after(evaluation: dict[str, Any]) -> list[str]:
         return []
     n = after.get("n", before.get("n"))
     lines = [
-        f"Held-out prompts: {n if n is not None else '–'} from `{evaluation.get('dataset', '?')}`, "
-        f"scored by `{evaluation.get('reward', '?')}` (greedy decoding for accuracy; in parentheses "
+        f"Held-out prompts: {n if n is not None else '–'} from {md_code(evaluation.get('dataset', '?'))}, "
+        f"scored by {md_code(evaluation.get('reward', '?'))} (greedy decoding for accuracy; in parentheses "
         "the 95% Wilson score interval).",
         *_validation_note(evaluation),
         "",

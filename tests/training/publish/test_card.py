@@ -142,3 +142,17 @@ def test_embedded_base_is_flagged(tmp_path):
     info = {**RUN_INFO, "base_model_path": "embedded:smollm2-135m-instruct"}
     card = build_model_card(write_run_files(tmp_path / "run", run_info=info))
     assert "dequantised from a GGUF file" in card.text
+
+
+def test_names_from_the_run_are_shown_as_text_never_as_markup(tmp_path):
+    info = {
+        **RUN_INFO,
+        "base_model": "/models/x`<script>",
+        "reward_funcs": [{"name": "r`<img src=x>`", "weight": 1.0}],
+    }
+    run = write_run_files(tmp_path / "inj_<img src=x onerror=alert(1)>", run_info=info)
+    text = build_model_card(run).text.lstrip("\n")
+    title = text.split("\n", 1)[0]
+    assert title == r"# inj\_&lt;img src=x onerror=alert(1)&gt;"
+    assert "for `/models/x'<script>`, fine-tuned" in text  # one code span, closed where it ends
+    assert "`r'<img src=x>'` (weight 1)" in text
