@@ -3,9 +3,10 @@
     accelerate launch --multi_gpu --num_processes 2 tests/training/distributed_worker.py OUT PHASE...
 
 builds `GRPOTrainer`s on the tiny model and records what the tests compare, process 0 writing:
-- `equal-grpo`, `equal-dapo`: 3 LoRA steps, 8 completions per process (1 prompt x G=8); the
-  test runs the same `train_and_record` on one process with 16. OUT/PHASE/ gets the adapter, the
-  gathered completions and `grad.pt` (the first step's gradient, as the optimizer sees it).
+- `equal-grpo`, `equal-dapo`: 3 LoRA steps, 8 completions per process (1 prompt x G=8), with the
+  default settings (the rollout copy where the CPU has bf16 units); the test runs the same
+  `train_and_record` on one process with 16. OUT/PHASE/ gets the adapter, the gathered
+  completions, `grad.pt` (the first step's gradient, as the optimizer sees it) and the log history.
 - `equal-stream`: the same on a streamed (`IterableDataset`) training set, read in order.
 - `equal-ga`: dapo with 4 completions per micro-step and 2 accumulation steps per process (the
   global rollout and its token normaliser span processes and accumulation steps).
@@ -100,9 +101,6 @@ def tiny_trainer(
         seed=0,
         log_completions=True,
         max_grad_norm=0.0,  # no clipping: the raw gradients are compared
-        # one process and two sample the same tokens from the policy (the default would give
-        # the one-process run a bf16 copy on a CPU with bf16 units: training/sampling/rollouts.py)
-        rollout_precision="policy",
     )
     return GRPOTrainer(
         model,
@@ -124,6 +122,7 @@ def train_and_record(out: Path, loss_type: str, per_device: int, **overrides) ->
     trainer.save_model(str(out))
     if trainer.is_world_process_zero():
         torch.save(probe.grads, out / "grad.pt")
+        (out / "log_history.json").write_text(json.dumps(trainer.state.log_history))
 
 
 def logged_char_codes(prompts, completions, log_extra, log_metric, **kwargs):

@@ -20,6 +20,8 @@ import torch
 from conftest import REPO_ROOT, load_script
 from safetensors.torch import load_file
 
+from grpo_plugin._compat import cpu_has_bf16_units
+
 WORKER = Path(__file__).with_name("distributed_worker.py")
 TIMEOUT_S = 400  # far above a normal run; only a hang gets there
 DDP_CONFIG = REPO_ROOT / "recipes" / "accelerate" / "ddp.yaml"
@@ -115,6 +117,18 @@ def test_two_processes_train_like_one(two_processes, tmp_path, phase):
     assert first_two["prompt"] == first_one["prompt"]
     assert first_two["completion"] == first_one["completion"]
     assert first_two["reward"] == first_one["reward"]
+
+    # the default is the same on both layouts: each process samples from its own bf16 copy on a
+    # CPU with bf16 units (the copy's tokens differ from the policy's: a log-prob gap), else both
+    # from the policy (no gap)
+    copy = bool(cpu_has_bf16_units())
+    for run in (one, two):
+        gaps = [
+            row["sampling/sampling_logp_difference/max"]
+            for row in json.loads((run / "log_history.json").read_text())
+            if "sampling/sampling_logp_difference/max" in row
+        ]
+        assert gaps and (min(gaps) > 0) == copy, (run, gaps)
 
     grads_one, grads_two = torch.load(one / "grad.pt"), torch.load(two / "grad.pt")
     assert len(grads_one) == len(grads_two) > 0

@@ -63,13 +63,15 @@ def decode_engine(args: Any, device: Any, single_turn: bool) -> DecodeEngine:
 
 def default_scope(args: Any, single_turn: bool) -> str | None:
     """`rollout_precision` with None (the default) narrowed to where the bf16 copy's learning was
-    measured: single-turn rollouts, one process, `sampling_correction` on, a loss that takes the
-    correction (not VESPO), fast paths on (the reference mode samples from the policy). Outside
-    it, 'policy'; inside, None, and the device decides on the first rollout
-    (`engine.rollout_copy.resolve_precision`)."""
+    measured: single-turn rollouts, `sampling_correction` on, a loss that takes the correction
+    (not VESPO), fast paths on (the reference mode samples from the policy). Outside it, 'policy';
+    inside, None, and the device decides on the first rollout
+    (`engine.rollout_copy.resolve_precision`). The number of processes is not a condition: every
+    process samples from its own copy, refreshed after each optimizer step from the weights that
+    are the same on all of them, so one process and several train alike."""
     if args.rollout_precision is not None:
         return args.rollout_precision
-    measured = single_turn and args.world_size == 1 and args.sampling_correction
+    measured = single_turn and args.sampling_correction
     fast = args.fast_paths and fast_paths_from_env()
     return None if measured and fast and args.loss_type != "vespo" else "policy"
 

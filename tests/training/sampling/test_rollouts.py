@@ -93,7 +93,7 @@ def _scope_args(**changes):
 
 @pytest.mark.parametrize(
     "changes, single_turn, expected",
-    [({}, True, None), ({}, False, "policy"), ({"world_size": 2}, True, "policy"),
+    [({}, True, None), ({}, False, "policy"), ({"world_size": 2}, True, None),
      ({"sampling_correction": False}, True, "policy"), ({"loss_type": "vespo"}, True, "policy"),
      ({"fast_paths": False}, True, "policy"),
      ({"rollout_precision": "bf16"}, False, "bf16"), ({"rollout_precision": "auto"}, True, "auto")],
