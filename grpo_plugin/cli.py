@@ -116,11 +116,15 @@ def train_command(argv: Sequence[str], *flags: str) -> str:
 
 
 def aborted_line(argv: Sequence[str], output_dir: str) -> str:
-    """What to run after an abort: resume from the newest complete checkpoint, else start over."""
+    """What to run after an abort: resume from the newest complete checkpoint, else start over
+    (over the aborted run's records, or, when it left nothing a run would lose, plainly)."""
     from .training.run.checkpoints import has_complete
+    from .training.run.lock import previous_run_files
 
     if has_complete(output_dir):
         return f"Aborted without saving this step. To resume: {resume_command(argv)}"
+    if not previous_run_files(output_dir):
+        return f"Aborted; nothing was trained. To start again: {train_command(argv)}"
     again = train_command(argv, "--overwrite_output_dir")
     return (
         f"Aborted; no checkpoint was saved, so there is nothing to resume. To start over: {again}"
@@ -160,7 +164,7 @@ def cmd_train(argv: Sequence[str]) -> int:
     if "-h" in flags or "--help" in flags:
         recipe_parser().print_help()
         return 0
-    from .app.preflight import prepare_run
+    from .app.preflight import RunFinished, prepare_run
     from .models import EmbeddedModelMissing
     from .training.distributed import failures_shared, process_state
     from .training.rewards.scoring import RewardFunctionError
@@ -183,6 +187,9 @@ def cmd_train(argv: Sequence[str]) -> int:
         from .app.pipeline import summary_lines, train_recipe
 
         evaluation = train_recipe(recipe, rewards, data)
+    except RunFinished as done:  # nothing to do: the run there is finished and whole
+        print(done)
+        return 0
     except (RecipeError, EmbeddedModelMissing) as err:
         return fail(str(err))
     except RewardFunctionError as err:  # the user's reward broke the contract: one line

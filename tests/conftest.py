@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import string
@@ -292,6 +293,36 @@ def group_batch(prompt_lengths=(7, 3), width=6, real_lengths=None, seed=0, group
         completions * completion_mask,
         completion_mask,
     )
+
+
+_HOLD_LOCK = """
+import fcntl, json, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+os.write(fd, json.dumps({"pid": os.getpid(), "host": "here", "started": "now"}).encode())
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+@contextlib.contextmanager
+def held_lock(run_dir: Path):
+    """Another process holding `run_dir`'s lock, as a run training there does; yields its pid."""
+    import subprocess
+    import sys
+
+    from grpo_plugin.training.run.rundir import LOCK_FILE
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-c", _HOLD_LOCK, str(run_dir / LOCK_FILE)]
+    holder = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield holder.pid
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+        (run_dir / LOCK_FILE).unlink(missing_ok=True)  # as a run that ends removes it
 
 
 def load_script(path: Path, name: str):

@@ -2,7 +2,7 @@
 by `grpo-plugin train` and by `--dry-run` alike (`recipe_checks.check_recipe` does the rest).
 
     check_run_dir      output_dir usable (and one folder for every process); a rerun resumes or
-                       overwrites; the checkpoint to resume
+                       overwrites; the checkpoint to resume; a finished run there: `RunFinished`
     load_checked_data  the datasets loaded (a malformed line named by file and line), every
                        reward's columns present, every prompt usable (bad rows named)
     check_lengths      the prompts fit the model's context (its tokenizer and config only)
@@ -19,19 +19,27 @@ checks nor tokenizes their prompts again.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import reward_fns
 
 from ..training import distributed, inputs
-from ..training.run import checkpoints, resume
+from ..training.run import checkpoints, pending, resume, rundir
 from ..training.run import lock as run_lock
 from ..training.run.shared_dir import check_shared
 from .recipe import Recipe, RecipeError, one_line
 from .recipe_checks import check_reward_columns, recipe_model_kwargs
 from .splits import load_splits
+
+
+class RunFinished(RecipeError):
+    """output_dir holds this recipe's run, trained to its end and whole, and the command neither
+    resumes nor overwrites it: nothing to do (the CLI prints the line and exits 0). The message
+    is one line: the run's result, how to look at it, how to train again."""
 
 
 @dataclass
@@ -72,6 +80,8 @@ def check_run_dir(recipe: Recipe) -> str | None:
         checkpoint = distributed.on_main_process(state, lambda: _check_previous_run(c))
         with distributed.failures_shared(state):
             inputs.check_model_source(recipe.args.model)
+    except RunFinished:
+        raise
     except (ValueError, run_lock.OutputDirInUse) as err:
         raise RecipeError(one_line(err)) from err
     return checkpoint
@@ -83,8 +93,56 @@ def _check_previous_run(config: Any) -> str | None:
     checkpoint = checkpoints.resolve_resume(config.output_dir, config.resume_from_checkpoint)
     others_ok = config.allow_other_files_in_output_dir  # files no run wrote: refused unless
     resuming, overwrite = checkpoint is not None, config.overwrite_output_dir
+    if not resuming and not overwrite:
+        _check_finished(Path(config.output_dir))
     run_lock.check_rerun(config.output_dir, resuming, overwrite, None, others_ok)
     return checkpoint
+
+
+def _pct(x: Any) -> str:
+    return f"{100 * x:.1f}%" if isinstance(x, (int, float)) else "n/a"
+
+
+def finished_result(evaluation: dict[str, Any], step: int) -> str:
+    """What a finished run's eval.json says, in a few words."""
+    after = evaluation.get("after")
+    if not isinstance(after, dict):
+        return f"{step} steps, no held-out set evaluated"
+    before = evaluation.get("before") or {}
+    reward = evaluation.get("reward", "?")
+    return (
+        f"{step} steps, held-out greedy accuracy {_pct(before.get('accuracy'))} -> "
+        f"{_pct(after.get('accuracy'))} (n={after.get('n', '?')}, {reward})"
+    )
+
+
+def _check_finished(out: Path) -> None:
+    """Raise `RunFinished` when `out` holds a recipe's run trained to its end and whole: its model
+    saved at the top, and eval.json as the recipe writes it last (with `train_seconds`), and no
+    change of the folder left half done (`pending.py`)."""
+    step = run_lock.saved_step(out)
+    if step is None or pending.read(out) is not None:
+        return
+    try:
+        evaluation = rundir.read_json(out / rundir.EVAL_FILE)
+    except ValueError:
+        return  # damaged: check_rerun's refusal says what to do
+    if not isinstance(evaluation, dict) or "train_seconds" not in evaluation:
+        return
+    run = shlex.quote(str(out))
+    report = out / rundir.REPORT_FILE
+    shown = f"open {report} in a browser" if report.is_file() else f"grpo-plugin report {run}"
+    look = f"{shown}, or talk to it: grpo-plugin chat {run}"
+    further = (
+        ", or train it further with --resume_from_checkpoint true and a larger --max_steps"
+        if checkpoints.has_complete(out)
+        else ""
+    )
+    raise RunFinished(
+        f"{out} holds a finished run: {finished_result(evaluation, step)}. Nothing was changed. "
+        f"Look at it: {look}. To train again: add --overwrite_output_dir (it replaces the run) "
+        f"or choose another --output_dir{further}."
+    )
 
 
 def load_checked_data(recipe: Recipe, rewards: list[Callable]) -> RecipeData:

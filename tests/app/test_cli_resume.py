@@ -45,8 +45,9 @@ import reward_fns
 def mean_code(prompts, completions, trainer_state=None, **kw):
     in_eval = trainer_state is None
     when = "after" if os.environ.get("TRAINED") else "before"
-    if in_eval and os.environ.get("EVAL_TERM") == when:
-        os.kill(os.getpid(), signal.SIGTERM)
+    if in_eval and os.environ.get("EVAL_TERM", "").split("-")[0] == when:  # "before-sigint": ^C
+        sig = signal.SIGINT if os.environ["EVAL_TERM"].endswith("sigint") else signal.SIGTERM
+        os.kill(os.getpid(), sig)
     if not in_eval:
         os.environ["TRAINED"] = "1"
     step = -1 if in_eval else trainer_state.global_step
@@ -180,6 +181,14 @@ def test_a_rerun_into_a_used_folder_is_refused_then_overwrite_starts_clean(
     monkeypatch.syspath_prepend(str(recipe.parent))
     path = tmp_path / "used.yaml"
     path.write_text(recipe.read_text().replace("{out}", str(out)))
+    assert cli.main(["train", str(path)]) == 0  # finished and whole: nothing to do
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith(f"{out} holds a finished run: 5 steps, no held-out set evaluated. ")
+    assert line.endswith(
+        "or train it further with --resume_from_checkpoint true and a larger --max_steps."
+    )
+    assert metric_lines(out) == metric_lines(uninterrupted)
+    (out / "adapter_model.safetensors").unlink()  # as if killed before the final save
     assert cli.main(["train", str(path)]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         f"error: output_dir {out} already holds a run (metrics.jsonl, grpo_run.json, "
@@ -451,6 +460,27 @@ def test_sigterm_during_the_evaluation_after_training_keeps_the_run_and_resume_f
     assert finished.returncode == 0, finished.stderr
     evaluation = json.loads((out / "eval.json").read_text())
     assert "after" in evaluation and "before" in evaluation
+
+
+@pytest.mark.parametrize(
+    ("where", "signals"),
+    [("the evaluation before training", {"term": "before-sigint"}),
+     ("step 1, eval.json written", {"fault": "SIGINT2", "step": 0})],
+)  # fmt: skip
+def test_ctrl_c_before_anything_trained_proposes_the_plain_command_and_it_works(
+    recipe, tmp_path, where, signals
+):
+    """Issue 56: after Ctrl-C during the first evaluation the hint proposed
+    --overwrite_output_dir for a folder with nothing to lose."""
+    out = tmp_path / "aborted"
+    aborted = train(recipe, out, *EVALUATED, **signals)
+    assert aborted.returncode == 130, aborted.stderr[-2000:]
+    last = aborted.stderr.strip().splitlines()[-1]
+    assert last.startswith("Aborted; nothing was trained. To start again: grpo-plugin train "), last
+    assert "--overwrite_output_dir" not in last
+    again = train(recipe, out, *EVALUATED)  # the command it gives works
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "after" in json.loads((out / "eval.json").read_text())
 
 
 @contextlib.contextmanager

@@ -120,7 +120,8 @@ def test_builtin_recipes_are_found_by_name_and_listed(capsys):
     assert all(len(line.split(maxsplit=1)) == 2 for line in listed)  # every one has a purpose
 
 
-def test_train_accepts_a_builtin_name(capsys):
+def test_train_accepts_a_builtin_name(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # its output_dir is relative: not the demo's run in the clone
     assert cli.main(["train", "arithmetic", "--dry-run"]) == 0
     assert capsys.readouterr().out.startswith("arithmetic: OK (embedded:smollm2-135m-instruct")
 
@@ -208,6 +209,33 @@ def test_summary_and_card_name_the_best_step(run):
     assert f"**Best step: {step}** (eval_accuracy = " in card
     assert "| 2 |" in card and "| 4 |" in card  # the during-training table
     assert (out / "reward_curve.png").stat().st_size > 0
+
+
+def _tree(folder):
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.rglob("*"))}
+
+
+def test_a_second_run_into_a_finished_run_says_so_and_changes_nothing(run, capsys):
+    """Issue 56: a second `make demo` stopped with "holds a run with no complete checkpoint to
+    resume from ... start over with --overwrite_output_dir" (exit 2), though the run there was
+    finished and whole (`save_strategy: no` keeps no checkpoint)."""
+    _, out = run
+    recipe = out.parent / "recipe.yaml"
+    before = _tree(out)
+    for flags in ([], ["--dry-run"]):
+        assert cli.main(["train", str(recipe), *flags]) == 0
+        (line,) = capsys.readouterr().out.splitlines()
+        assert line.startswith(f"{out} holds a finished run: 5 steps, held-out greedy accuracy ")
+        assert "(n=6, last_integer). Nothing was changed." in line
+        assert f"open {out / 'report.html'} in a browser" in line
+        assert f"grpo-plugin chat {out}" in line
+        assert "add --overwrite_output_dir (it replaces the run) or choose another" in line
+        assert "--resume_from_checkpoint" not in line  # no checkpoint to go on from
+    assert _tree(out) == before
+    assert cli.main(["train", str(recipe), "--overwrite_output_dir", "--dry-run"]) == 0
+    assert ": OK (" in capsys.readouterr().out  # training again is one flag away
+    with pytest.raises(RecipeError, match="holds a finished run"):  # Python: nothing trained
+        run_recipe(str(recipe))
 
 
 HANGING_REWARD = """

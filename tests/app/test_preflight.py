@@ -216,6 +216,29 @@ def test_a_directory_in_use_is_named_first_even_when_it_holds_a_run(make, capsys
         proc.wait()
 
 
+def test_a_symlinked_checkpoint_is_refused_by_dry_run_and_nothing_is_deleted(
+    make, capsys, tmp_path
+):
+    """Issue 56: --dry-run said OK; the run then deleted the README, the adapter and three
+    checkpoints before `Cannot call rmtree on a symbolic link`, and every retry did the same."""
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    (out / "checkpoint-11").mkdir(parents=True)
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    elsewhere.mkdir()
+    (out / "checkpoint-12").symlink_to(elsewhere, target_is_directory=True)
+    before = sorted(p.name for p in out.iterdir())
+    for flags in (["--overwrite_output_dir"], ["--overwrite_output_dir", "--dry-run"]):
+        assert cli.main(["train", make(out=out), *flags]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line == (
+            f"error: output_dir {out} holds checkpoint-12, a symbolic link (to {elsewhere}): a "
+            "run folder holds only its own files, and a run moves or deletes its entries; "
+            f"nothing was changed. Remove the link (rm {out / 'checkpoint-12'}; what it points "
+            "to is not touched), or choose another output_dir."
+        )
+    assert sorted(p.name for p in out.iterdir()) == before and elsewhere.is_dir()
+
+
 # issue 45: each of these passed `--dry-run` ("OK"), then the real run ended in a traceback (or,
 # for NaN reward weights, trained nothing and exited 0)
 LATE_FAILURES = [

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from ..run import checkpoints, rundir
+from ..run import lock as run_lock
 from .gguf_vocab import GGUFExportError, VocabFacts, modelfile_text, vocab_facts
 
 logger = logging.getLogger(__name__)
@@ -208,7 +210,7 @@ def _add_tokenizer_metadata(writer: Any, facts: VocabFacts) -> None:
 
 def _write_atomic(path: Path, write) -> None:
     """`write(temp_path)`, then rename onto `path`; on any failure remove the temp file."""
-    temp = path.with_name(f".{path.name}.partial")
+    temp = rundir.temporary_path(path)  # a run folder's own pattern: a kill's leftover is known
     try:
         write(temp)
         with open(temp, "rb+") as handle:
@@ -259,6 +261,28 @@ def write_gguf(
 # ----------------------------------------------------------------------------- a run dir
 
 
+def check_not_training(run_dir: Path, out: Path, quant: str) -> None:
+    """Refuse (one line) to export a run still training (its top-level weights are an older
+    save, or none), and to write into its folder; a checkpoint of it may be exported elsewhere."""
+    live = run_lock.live_run(run_dir)
+    if live is None:
+        return
+    root, holder = live
+    inside = root.resolve() in out.resolve().parents
+    if root == run_dir or inside:  # the run folder itself, or the file would land in it
+        newest = checkpoints.latest_complete(root)
+        other = (
+            f", or export its newest checkpoint to a file outside the run folder: grpo-plugin "
+            f"export {newest} --gguf {quant} --out FILE.gguf"
+            if newest is not None
+            else ""
+        )
+        raise GGUFExportError(
+            f"run dir {root} is still training ({holder}); nothing was written: wait for it to "
+            f"finish{other}"
+        )
+
+
 def _source_config(run_dir: Path, kind: str) -> Any:
     from transformers import AutoConfig
 
@@ -290,6 +314,7 @@ def export_gguf(
     run_dir = Path(run_dir)
     check_quant(quant)
     out = Path(out) if out else run_dir / f"{run_dir.resolve().name}-{quant.lower()}.gguf"
+    check_not_training(run_dir, out, quant)
     output_paths(out, overwrite)
     kind = model_kind(run_dir)  # one line if the dir holds neither an adapter nor weights
     config = _source_config(run_dir, kind)

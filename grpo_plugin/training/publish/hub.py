@@ -32,6 +32,7 @@ from pathlib import Path
 from huggingface_hub import CommitOperationAdd, HfApi, constants, get_token
 from huggingface_hub.errors import HfHubHTTPError
 
+from ..run.lock import live_run
 from ..run.rundir import (
     CARD_FILE,
     COMPLETIONS_DIR,
@@ -239,8 +240,8 @@ def publish(
     """Upload a run's output dir as one commit, as `options` say (default `PublishOptions()`);
     returns the commit URL.
 
-    Raises ValueError for a bad repo id, a dir without adapter/model, a bad GGUF type or no token
-    (before any network call) and HubPublishError when the Hub fails (after huggingface_hub's
+    Raises ValueError for a bad repo id, a run still training, a dir without adapter/model, a bad
+    GGUF type or no token (before any network call) and HubPublishError when the Hub fails (after huggingface_hub's
     retries).
     """
     from .gguf import check_quant
@@ -249,6 +250,12 @@ def publish(
     merge, gguf = o.merge, o.gguf
     output_dir = Path(output_dir)
     check_repo_id(repo_id)
+    live = live_run(output_dir)
+    if live is not None and live[0] == output_dir:  # its weights are an older save, or none
+        raise ValueError(
+            f"{output_dir} is still training ({live[1]}); nothing was uploaded: wait for it to "
+            "finish, then publish it."
+        )
     if gguf:
         check_quant(gguf)
     kind = model_kind(output_dir)

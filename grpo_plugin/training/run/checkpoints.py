@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from . import integrity, rundir
+from . import integrity, pending, rundir
 
 logger = logging.getLogger(__name__)
 
@@ -76,11 +76,17 @@ def missing_files(folder: Path) -> list[str]:
 
 
 def checkpoints(output_dir: str | Path) -> list[Path]:
-    """Every `checkpoint-N` folder, oldest first."""
+    """Every `checkpoint-N` folder, oldest first; not those a recorded change of the folder takes
+    out of it (`pending.py`: a set-aside timeline, a cleared run, cut short by a kill)."""
     root = Path(output_dir)
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and checkpoint_step(p) is not None]
+    leaving = pending.leaving(root)
+    found = [
+        p
+        for p in root.iterdir()
+        if p.is_dir() and checkpoint_step(p) is not None and p.name not in leaving
+    ]
     return sorted(found, key=checkpoint_step)
 
 
@@ -142,13 +148,22 @@ def resolve_resume(output_dir: str | Path, value: str | bool | None) -> str | No
 
 
 def _check_not_abandoned(output_dir: str | Path, folder: Path) -> None:
-    aside = Path(output_dir).resolve() / rundir.ABANDONED_DIR
-    if aside in folder.resolve().parents:
-        raise ValueError(
-            f"resume_from_checkpoint={str(folder)!r} belongs to a timeline an earlier resume set "
-            f"aside; resume from a checkpoint-N of {output_dir}, or continue that timeline in "
-            "another output_dir (give the same checkpoint path there)."
-        )
+    root = Path(output_dir).resolve()
+    change = pending.read(root) if folder.resolve().parent == root else None
+    if change is not None and folder.name in pending.leaving(root):  # a kill cut it short
+        if change.get("change") == "clear":
+            raise ValueError(
+                f"resume_from_checkpoint={str(folder)!r} was being deleted (overwrite_output_dir, "
+                f"stopped half way; the next start finishes it): start over in {output_dir}, or "
+                "choose another output_dir."
+            )
+    elif root / rundir.ABANDONED_DIR not in folder.resolve().parents:
+        return
+    raise ValueError(
+        f"resume_from_checkpoint={str(folder)!r} belongs to a timeline an earlier resume set "
+        f"aside; resume from a checkpoint-N of {output_dir}, or continue that timeline in "
+        "another output_dir (give the same checkpoint path there)."
+    )
 
 
 def _fix_for(folder: Path) -> str:

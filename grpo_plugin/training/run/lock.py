@@ -11,7 +11,12 @@
 - A directory holding files no run wrote (a project folder, a model folder) is refused before
   anything is written, resumed or overwritten alike, unless `allow_other_files_in_output_dir`;
   a file of the user's under a name a run writes (`README.md`, `recipe.yaml`, ...) is refused
-  even then (`ownership.py` says which files are a run's).
+  even then (`ownership.py` says which files are a run's), and so is a symbolic link under such
+  a name (`ownership.check_links`).
+- What a start that never trained leaves (the evaluation before training, an empty metrics file:
+  `nothing_to_lose`) is no run: the plain command starts again there, and clears it first.
+- A start that claims the folder first finishes a change of it a kill cut short (`pending.py`:
+  a set-aside timeline, a cleared run) and deletes the temporary files a killed writer left.
 
 The lock is re-entrant within a process: the recipe pipeline claims the directory before any model
 loads, and `GRPOTrainer.train()` (which claims it for Python users) then finds it held.
@@ -28,7 +33,7 @@ import socket
 import time
 from pathlib import Path
 
-from . import checkpoints, ownership, rundir
+from . import checkpoints, ownership, pending, rundir, timeline
 
 logger = logging.getLogger(__name__)
 
@@ -44,14 +49,67 @@ def _key(output_dir: str | Path) -> str:
     return os.path.realpath(output_dir)
 
 
-def previous_run_files(output_dir: str | Path) -> list[str]:
-    """The names of the files and folders that show an earlier run in `output_dir`."""
+# What a run's start writes before its first step, with no record of training in it.
+_START_ONLY = frozenset(
+    {LOCK_FILE, rundir.STAGING_DIR, rundir.PENDING_FILE, rundir.EVAL_FILE}
+    | {rundir.METRICS_FILE, rundir.COMPLETIONS_DIR}
+)
+
+
+def _no_record(path: Path) -> bool:
+    """Whether a run's start-only entry holds nothing a run would lose."""
+    name = path.name
+    if name == rundir.EVAL_FILE:  # the evaluation before training: a new run computes it again
+        try:
+            return set(rundir.read_json(path) or {}) <= set(rundir.EVAL_BEFORE_KEYS)
+        except ValueError:  # not JSON: not for this check to decide what it held
+            return False
+    if name == rundir.METRICS_FILE:
+        return not rundir.read_metrics(path.parent)
+    if name == rundir.COMPLETIONS_DIR:
+        return not any(rundir.temporary_of(p.name) is None for p in path.iterdir())
+    return True
+
+
+def nothing_to_lose(output_dir: str | Path) -> bool:
+    """Whether what a run wrote in `output_dir` is only what a start that never trained leaves
+    (no checkpoint, no weights, no metrics line, no completions table, eval.json with the
+    evaluation before training at most): a new run may start there without overwrite_output_dir."""
     root = Path(output_dir)
-    if not ownership.shows_run(root):
+    for name in ownership.run_entries(root):
+        if rundir.temporary_of(name) is not None:
+            continue  # a file a kill left half written
+        if name not in _START_ONLY or not _no_record(root / name):
+            return False
+    return True
+
+
+def previous_run_files(output_dir: str | Path) -> list[str]:
+    """The names of the files and folders that show an earlier run in `output_dir` ([] when
+    none, or when it left nothing to lose: `nothing_to_lose`)."""
+    root = Path(output_dir)
+    if not ownership.shows_run(root) or nothing_to_lose(root):
         return []
     ours = set(ownership.run_entries(root))
     found = [name for name in rundir.RUN_MARKERS if name in ours]
     return found + [p.name for p in checkpoints.checkpoints(root)]
+
+
+def saved_step(output_dir: str | Path) -> int | None:
+    """The step of the model a run saved at the top of `output_dir` (its weights beside its
+    grpo_run.json): a run trained to its end, whose checkpoints may be rotated away or never
+    written (`save_strategy: no`); None when there is none."""
+    root = Path(output_dir)
+    if not any((root / name).is_file() for name in checkpoints.WEIGHT_FILES):
+        return None
+    if rundir.RUN_INFO_FILE not in ownership.run_entries(root):
+        return None
+    try:
+        info = rundir.read_json(root / rundir.RUN_INFO_FILE) or {}
+    except ValueError:
+        return None
+    step = info.get("global_step")
+    return step if isinstance(step, int) else None
 
 
 def check_rerun(
@@ -64,11 +122,19 @@ def check_rerun(
     """Refuse (ValueError, one line) a run into a directory holding files no run wrote (unless
     `others_ok`, and never over one of them), and a new run into a directory that holds another
     run (`found`: that run's files, when they were listed earlier; else they are listed now)."""
+    ownership.check_links(output_dir)
     ownership.check_others(output_dir, others_ok)
     if resume or overwrite:
         return
     found = previous_run_files(output_dir) if found is None else found
     shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+    saved = saved_step(output_dir) if found else None
+    if found and saved is not None and not checkpoints.has_complete(output_dir):
+        raise ValueError(
+            f"output_dir {output_dir} holds a finished run (its model saved at step {saved}; no "
+            "checkpoint is kept to go on from): train again with --overwrite_output_dir (it "
+            "deletes that run's files), or choose another output_dir."
+        )
     if found and not checkpoints.has_complete(output_dir):  # nothing to resume: one way out
         raise ValueError(
             f"output_dir {output_dir} holds a run with no complete checkpoint to resume from "
@@ -85,20 +151,60 @@ def check_rerun(
 
 def clear_previous_run(output_dir: str | Path) -> list[str]:
     """Delete an earlier run's files and folders (only what a run wrote, `ownership.py`, and only
-    when the directory shows a run); returns their names."""
+    when the directory shows a run, or holds what a start left: `nothing_to_lose`); returns
+    their names. Everything is checked first (a symbolic link among them is refused), and the
+    deletion is recorded before it starts (`pending.py`): a kill half way is finished by the
+    next start, so no half of the old run is ever taken for a run."""
     root = Path(output_dir)
-    if not ownership.shows_run(root):
+    if not ownership.shows_run(root) and not (root.is_dir() and nothing_to_lose(root)):
         return []
+    ownership.check_links(root)
     removed = [name for name in ownership.run_entries(root) if name != LOCK_FILE]
-    for name in removed:
+    removed = [name for name in removed if name != rundir.PENDING_FILE]
+    if not removed:
+        return []
+    pending.begin(root, {"change": "clear", "remove": removed})
+    _remove(root, removed)
+    pending.done(root)
+    logger.info("Removed the previous run's %s", ", ".join(removed))
+    return removed
+
+
+def _remove(root: Path, names: list[str]) -> None:
+    """Delete each entry (again: one already gone is done); a link is unlinked, never followed."""
+    for name in names:
         path = root / name
-        if path.is_dir():
+        if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         else:
-            path.unlink()
-    if removed:
-        logger.info("overwrite_output_dir: removed the previous run's %s", ", ".join(removed))
-    return removed
+            path.unlink(missing_ok=True)
+
+
+def finish_pending(output_dir: str | Path) -> None:
+    """Finish a change of the folder a kill cut short (`pending.py`); under the lock."""
+    root = Path(output_dir)
+    change = pending.read(root)
+    if change is None:
+        return
+    kind = change.get("change")
+    if kind == "set_aside":
+        timeline.finish(root, change)
+    elif kind == "clear":
+        _remove(root, change["remove"])
+        pending.done(root)
+        logger.warning("Finished deleting the previous run's files, which a kill cut short.")
+    else:
+        raise ValueError(
+            f"{pending.path(root)} records a change this version does not know ({kind!r}); "
+            "nothing was changed: delete the file, or use the grpo-plugin version that wrote it."
+        )
+
+
+def _tidy(output_dir: str | Path) -> None:
+    """What a kill left: a recorded change finished, the temporary files of dead writers removed."""
+    finish_pending(output_dir)
+    for folder in (Path(output_dir), Path(output_dir) / rundir.COMPLETIONS_DIR):
+        rundir.remove_stale_temporaries(folder)
 
 
 class RunLock:
@@ -171,8 +277,10 @@ def claim(
     lock = RunLock(output_dir)
     lock.acquire()
     try:
+        ownership.check_links(output_dir)  # before a change a kill cut short is finished
+        _tidy(output_dir)
         check_rerun(output_dir, resume, overwrite, found, others_ok)
-        if overwrite and not resume:
+        if not resume and (overwrite or nothing_to_lose(output_dir)):
             clear_previous_run(output_dir)
     except BaseException:
         lock.release()
@@ -213,6 +321,19 @@ def lock_holder(output_dir: str | Path) -> str | None:
     return None
 
 
+def live_run(path: str | Path) -> tuple[Path, str] | None:
+    """(the run folder, who holds its lock) when `path` is a run folder, or a checkpoint-N folder
+    of one, that another process is training in now; None otherwise (nothing is taken). For the
+    commands that read a run (`export`, `publish`): its top-level weights are an older save, or
+    none, until the run ends."""
+    path = Path(path)
+    for root in (path, path.parent) if checkpoints.checkpoint_step(path) is not None else (path,):
+        holder = lock_holder(root)
+        if holder is not None:
+            return root, holder
+    return None
+
+
 def check_not_in_use(output_dir: str | Path) -> None:
     """Raise `OutputDirInUse` when another process holds the directory's lock (nothing is taken)."""
     holder = lock_holder(output_dir)
@@ -236,7 +357,10 @@ __all__ = [
     "claim",
     "clear_previous_run",
     "is_claimed",
+    "finish_pending",
     "lock_holder",
+    "nothing_to_lose",
     "previous_run_files",
     "release",
+    "saved_step",
 ]

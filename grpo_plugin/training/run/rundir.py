@@ -14,6 +14,9 @@
       checkpoint-N/        the Trainer's checkpoints (run/checkpoints.py)
       .checkpoint-staging/ STAGING_DIR     where checkpoint-N is written before it is renamed
       .grpo-plugin.lock    LOCK_FILE       held by the run's main process (run/lock.py)
+      .grpo-plugin-pending.json PENDING_FILE  a change of the folder begun and not yet done: set
+                                           aside a timeline, or clear a run (run/pending.py)
+      .NAME-<pid>-<hex>    `temporary_path` a file being written (renamed to NAME when whole)
       abandoned/           ABANDONED_DIR   what a resume from an earlier checkpoint set aside:
                                            one folder per resume (run/timeline.py)
 
@@ -28,6 +31,7 @@ import json
 import logging
 import math
 import os
+import re
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -54,6 +58,7 @@ RESUME_RECORD_FILE = "grpo_resume.json"  # in checkpoint-N/: what the run is (ru
 STAGING_DIR = ".checkpoint-staging"
 LOCK_FILE = ".grpo-plugin.lock"
 ABANDONED_DIR = "abandoned"
+PENDING_FILE = ".grpo-plugin-pending.json"
 # run/shared_dir.py: PREFIX + a nonce (+ ".K" from process K), removed once every process read it
 SHARED_CHECK_PREFIX = ".grpo-plugin-shared-"
 # Files that show a directory holds a run (with the checkpoint-N folders), and everything a run
@@ -109,11 +114,50 @@ def naming(path: Path) -> Iterator[None]:
         raise OSError(err.errno, err.strerror or str(err), str(path)) from err
 
 
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)-(?P<pid>\d+)-[0-9a-f]{8}$")
+
+
+def temporary_path(path: Path) -> Path:
+    """Where `path` is written before it is renamed into place: `.NAME-<pid>-<hex>` beside it,
+    the one pattern every writer of a run folder uses (`temporary_of` reads it back)."""
+    return path.with_name(f".{path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def temporary_of(name: str) -> tuple[str, int] | None:
+    """(the name it becomes, the writer's pid) of a `temporary_path` name; None for another."""
+    match = _TEMPORARY.match(name)
+    return (match["name"], int(match["pid"])) if match else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_temporaries(folder: str | Path) -> list[str]:
+    """Delete the `temporary_path` files in `folder` whose writer is gone (a kill while one was
+    written: the file it was to replace is whole); returns their names. Called under the lock."""
+    root = Path(folder)
+    removed = []
+    for path in sorted(root.iterdir()) if root.is_dir() else ():
+        found = temporary_of(path.name)
+        if found is not None and path.is_file() and not path.is_symlink():
+            if found[1] != os.getpid() and not _alive(found[1]):
+                path.unlink(missing_ok=True)
+                removed.append(path.name)
+    return removed
+
+
 def _replace_atomically(path: Path, write: Callable[[str], None]) -> Path:
     """`write(temporary path)` next to `path`, then rename: readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     # created by the writer, so with the umask's permissions (mkstemp's are 0600)
-    tmp = str(path.with_name(f".{path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"))
+    tmp = str(temporary_path(path))
     try:
         with naming(path):
             write(tmp)
@@ -318,6 +362,7 @@ __all__ = [
     "EVAL_FILE",
     "METRICS_FILE",
     "LOCK_FILE",
+    "PENDING_FILE",
     "RECIPE_FILE",
     "REPORT_FILE",
     "RUN_INFO_FILE",
@@ -329,9 +374,12 @@ __all__ = [
     "completions_file",
     "split_metrics",
     "completion_step",
+    "temporary_of",
+    "temporary_path",
     "load_run_info",
     "read_json",
     "read_metrics",
+    "remove_stale_temporaries",
     "run_summary",
     "write_completions_parquet",
     "write_json",

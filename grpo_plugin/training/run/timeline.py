@@ -2,7 +2,9 @@
 
     later        what the run folder recorded after step k
     set_aside    move it into `abandoned/after-step-k-<time>/` (never deleted), once the
-                 checkpoint has been loaded whole (`lifecycle.after_load`)
+                 checkpoint has been loaded whole (`lifecycle.after_load`); the move is recorded
+                 first (`pending.py`), and a kill half way is finished by the next start
+                 (`finish`, from `lock.claim`), so the folder never holds two half timelines
 
 What comes after step k: the checkpoints of later steps (a resume from an earlier checkpoint, on
 purpose or after a kill), `metrics.jsonl`'s lines after step k (and the end-of-training summary
@@ -26,12 +28,11 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import checkpoints, rundir
+from . import checkpoints, pending, rundir
 
 logger = logging.getLogger(__name__)
 
@@ -101,20 +102,25 @@ def checkpoint_after(folder: Path, step: int) -> bool:
 
 
 def _new_folder(root: Path, step: int) -> Path:
+    """A name for the set-aside folder that no earlier resume took (created when it is filled)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = root / rundir.ABANDONED_DIR / f"after-step-{step}-{stamp}"
     folder, n = base, 1
     while folder.exists():
         n += 1
         folder = base.with_name(f"{base.name}-{n}")
-    folder.mkdir(parents=True)
     return folder
 
 
-def _keep_before(eval_file: Path, dest: Path) -> None:
-    """Move eval.json aside; the evaluation before training (both timelines') stays."""
+def _keep_before(root: Path, dest: Path) -> None:
+    """Move eval.json aside; the evaluation before training (both timelines') stays. Copied whole
+    (renamed into place) before the run's own is cut, and not again once it is there."""
+    eval_file = root / rundir.EVAL_FILE
+    if not eval_file.is_file():
+        return  # cut (or deleted) by the change's first go
+    if not (dest / rundir.EVAL_FILE).is_file():
+        rundir.write_text_atomic(dest / rundir.EVAL_FILE, eval_file.read_text())
     data = rundir.read_json(eval_file) or {}
-    shutil.copy2(eval_file, dest / rundir.EVAL_FILE)
     before = {k: data[k] for k in rundir.EVAL_BEFORE_KEYS if k in data}
     if before:
         rundir.write_json(eval_file, before)
@@ -122,29 +128,79 @@ def _keep_before(eval_file: Path, dest: Path) -> None:
         eval_file.unlink()
 
 
+def _split_metrics(root: Path, dest: Path, step: int) -> None:
+    """metrics.jsonl's lines after `step` written aside whole, then the run's own cut (again: the
+    same result; once the aside file is there, the lines after `step` are in it)."""
+    aside = dest / rundir.METRICS_FILE
+    if not aside.is_file():
+        later_lines = rundir.split_metrics(root, step)[1]
+        rundir.write_text_atomic(aside, "".join(f"{line}\n" for line in later_lines))
+    kept = rundir.split_metrics(root, step)[0]
+    rundir.write_text_atomic(root / rundir.METRICS_FILE, "".join(f"{line}\n" for line in kept))
+
+
+def _carry_out(root: Path, change: dict) -> Path:
+    """Do a recorded set-aside (every step can be done again: a move whose source is gone is
+    done); returns the set-aside folder."""
+    dest = root / change["folder"]
+    dest.mkdir(parents=True, exist_ok=True)
+    if change.get("metrics"):
+        _split_metrics(root, dest, change["step"])
+    if change.get("eval"):
+        _keep_before(root, dest)
+    for name in change["move"]:
+        source, target = root / name, dest / name
+        if source.exists() or source.is_symlink():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(source, target)
+    return dest
+
+
+def finish(output_dir: str | Path, change: dict) -> Path:
+    """Finish a set-aside that a kill cut short (`pending.py`: the next start does), and say so."""
+    root = Path(output_dir)
+    dest = _carry_out(root, change)
+    pending.done(root)
+    names = [name for name in change["move"] if "/" not in name]  # not completions/step_N
+    tables = len(change["move"]) - len(names)
+    shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+    logger.warning(
+        "A resume from step %d was stopped while it set aside what came after that step; "
+        "finished: %s%s moved to %s (nothing is deleted).",
+        change["step"],
+        shown or "the later records",
+        f" and {tables} completions table(s)" if tables else "",
+        dest,
+    )
+    return dest
+
+
 def set_aside(output_dir: str | Path, step: int) -> Path | None:
     """Move what `output_dir` recorded after step `step` into a new `abandoned/` folder and say
-    so; returns that folder (None: nothing came after). Copies first, then cuts: a failure half
-    way leaves every record in at least one place."""
+    so; returns that folder (None: nothing came after). The change is recorded before any of it
+    is done (`pending.py`), so a kill half way is finished by the next start, and copies come
+    before cuts: every record stays in at least one place."""
     root = Path(output_dir)
     checkpoints.remove_staging(root)
+    earlier = pending.read(root)  # lock.claim finishes one first; here for a direct call
+    if earlier is not None and earlier.get("change") == "set_aside":
+        finish(root, earlier)
     found = later(root, step)
     if not found:
         return None
     dest = _new_folder(root, step)
-    if found.metric_lines:  # written whole before the run's own file is cut
-        aside = dest / rundir.METRICS_FILE
-        rundir.write_text_atomic(aside, "".join(f"{line}\n" for line in found.metric_lines))
-        kept = "".join(f"{line}\n" for line in found.kept_lines)
-        rundir.write_text_atomic(root / rundir.METRICS_FILE, kept)
-    if found.tables:
-        (dest / rundir.COMPLETIONS_DIR).mkdir()
-    for path in found.tables:
-        os.replace(path, dest / rundir.COMPLETIONS_DIR / path.name)
-    if found.eval_file is not None:
-        _keep_before(found.eval_file, dest)
-    for path in found.checkpoints + found.finals:
-        os.replace(path, dest / path.name)
+    tables = [f"{rundir.COMPLETIONS_DIR}/{p.name}" for p in found.tables]
+    change = {
+        "change": "set_aside",
+        "step": step,
+        "folder": str(dest.relative_to(root)),
+        "move": tables + [p.name for p in found.checkpoints + found.finals],
+        "metrics": bool(found.metric_lines),
+        "eval": found.eval_file is not None,
+    }
+    pending.begin(root, change)
+    _carry_out(root, change)
+    pending.done(root)
     other_timeline = bool(found.checkpoints or found.finals)  # else: steps a kill cut short
     logger.log(
         logging.WARNING if other_timeline else logging.INFO,
@@ -157,4 +213,4 @@ def set_aside(output_dir: str | Path, step: int) -> Path | None:
     return dest
 
 
-__all__ = ["FINAL_OUTPUTS", "Later", "later", "set_aside"]
+__all__ = ["FINAL_OUTPUTS", "Later", "finish", "later", "set_aside"]

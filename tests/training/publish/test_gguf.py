@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import errno
 import random
+import shutil
 
 import gguf
 import pytest
 import torch
 from conftest import CHATML_SPECIALS as SPECIALS
-from conftest import make_bpe_tokenizer, make_tiny_tokenizer, make_trainer, tiny_lora
+from conftest import (
+    held_lock,
+    make_bpe_tokenizer,
+    make_tiny_tokenizer,
+    make_trainer,
+    tiny_lora,
+)
 from tokenizers import pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -275,6 +282,31 @@ def test_bad_input_is_refused_in_one_line_before_loading(lora_run, tmp_path, mon
             export_gguf(source, out, quant)
         assert needle in str(err.value) and "\n" not in str(err.value)
     assert not list(tmp_path.glob("*.gguf"))
+
+
+def test_a_run_still_training_is_refused_and_its_checkpoint_named(lora_run, tmp_path, monkeypatch):
+    """Issue 56: export on a live run wrote a GGUF of an older step into the live folder."""
+    _, run_dir, _ = lora_run
+    monkeypatch.setattr("grpo_plugin.training.policy.load_model", None)  # nothing may load
+    checkpoint = run_dir / "checkpoint-7"
+    checkpoint.mkdir()
+    for name in ("trainer_state.json", "adapter_config.json", "adapter_model.safetensors"):
+        source = run_dir / name
+        (checkpoint / name).write_bytes(source.read_bytes() if source.is_file() else b"{}")
+    try:
+        with held_lock(run_dir) as pid:
+            for source in (run_dir, checkpoint):  # default --out: inside the live folder
+                with pytest.raises(GGUFExportError) as err:
+                    export_gguf(source, None, "q8_0")
+                line = str(err.value)
+                assert line.startswith(f"run dir {run_dir} is still training (pid {pid} on here")
+                assert f"grpo-plugin export {checkpoint} --gguf q8_0 --out FILE.gguf" in line
+            with pytest.raises(GGUFExportError, match="still training"):
+                export_gguf(run_dir, tmp_path / "elsewhere.gguf", "q8_0")  # its weights: old
+            gguf_export.check_not_training(checkpoint, tmp_path / "c.gguf", "q8_0")  # allowed
+    finally:
+        shutil.rmtree(checkpoint)
+    assert not list(run_dir.rglob("*.gguf")) and not list(tmp_path.glob("*.gguf"))
 
 
 def test_unsupported_architecture_names_the_supported(tmp_path):

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 import torch
-from conftest import RUN_INFO, write_run_files
+from conftest import RUN_INFO, held_lock, write_run_files
 from fake_hub import start_fake_hub
 from huggingface_hub import ModelCard, constants
 
@@ -274,6 +274,19 @@ def test_dir_without_adapter_or_model_says_what_is_missing(tmp_path, hub, tiny_t
     (tmp_path / "adapter_config.json").write_text("{}")
     with pytest.raises(ValueError, match="missing adapter_model.safetensors"):
         publish(tmp_path, REPO)
+    assert hub.requests == []
+
+
+def test_a_run_still_training_is_refused_before_anything_uploads(trained, hub, capsys):
+    """Issue 56: publish on a live run uploaded its folder as it was (an older step's weights)."""
+    run_dir, _ = trained
+    with held_lock(run_dir) as pid:
+        with pytest.raises(ValueError, match=rf"is still training \(pid {pid} on here"):
+            publish(run_dir, REPO)
+        assert main(["publish", str(run_dir), "--repo-id", REPO]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {run_dir} is still training") and err.count("\n") == 1
+    assert "wait for it to finish, then publish it" in err
     assert hub.requests == []
 
 

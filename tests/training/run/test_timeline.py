@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
-from grpo_plugin.training.run import checkpoints, rundir, timeline
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from grpo_plugin.training.run import checkpoints, lock, rundir, timeline
 
 
 def _finished_run(out, steps=5, saves=(2, 4, 5)):
@@ -103,3 +108,87 @@ def test_two_set_asides_in_the_same_second_get_two_folders(tmp_path):
     second = timeline.set_aside(out, 4)
     assert first != second and first.exists() and second.exists()
     assert (first / "checkpoint-5").is_dir() and (second / "checkpoint-5").is_dir()
+
+
+class Killed(BaseException):
+    """A SIGKILL half way: nothing after it runs (no `except Exception` sees it)."""
+
+
+def _killed_after(monkeypatch, moves: int) -> None:
+    """os.replace as the set-aside uses it, the process killed once `moves` checkpoints moved."""
+    real, moved = os.replace, []
+
+    def replace(source, target):
+        real(source, target)
+        if checkpoints.checkpoint_step(source) is not None:
+            moved.append(source)
+            if len(moved) == moves:
+                raise Killed
+
+    monkeypatch.setattr(os, "replace", replace)
+
+
+def _resumable(out, steps):
+    for s in steps:  # complete, whole checkpoints: `true` may pick any of them
+        save_file(
+            {"w": torch.full((1,), float(s))}, out / f"checkpoint-{s}" / "adapter_model.safetensors"
+        )
+
+
+@pytest.mark.parametrize("moves", [1, 5])
+def test_a_kill_during_the_move_is_finished_by_the_next_start(tmp_path, monkeypatch, moves):
+    """Issue 56: resuming checkpoint-3 of a finished 12-step run, killed after 5 of the 9 later
+    checkpoints had moved, left checkpoint-12 in place for `true` to pick."""
+    out = tmp_path / "run"
+    _finished_run(out, steps=12, saves=range(1, 13))
+    _resumable(out, range(1, 13))
+    _killed_after(monkeypatch, moves)
+    with pytest.raises(Killed):
+        timeline.set_aside(out, 3)
+    monkeypatch.undo()
+    left = sorted(p.name for p in out.iterdir() if checkpoints.checkpoint_step(p) is not None)
+    assert len(left) == 12 - moves and "checkpoint-12" in left  # half moved, on disk
+    # what the next start decides from: the decision recorded, not what is still on disk
+    assert [p.name for p in checkpoints.checkpoints(out)] == ["checkpoint-1", "checkpoint-2",
+                                                              "checkpoint-3"]  # fmt: skip
+    assert checkpoints.latest_complete(out).name == "checkpoint-3"
+    assert checkpoints.resolve_resume(out, True) == str(out / "checkpoint-3")
+    assert lock.previous_run_files(out)[-1] == "checkpoint-3"
+    with pytest.raises(ValueError, match="belongs to a timeline an earlier resume set aside"):
+        checkpoints.resolve_resume(out, str(out / "checkpoint-12"))  # still there, on its way
+    lock.claim(out, resume=True, overwrite=False)  # the next start: finishes the move
+    lock.release(out)
+    assert not (out / rundir.PENDING_FILE).exists()
+    (aside,) = (out / rundir.ABANDONED_DIR).iterdir()
+    assert sorted(p.name for p in aside.iterdir() if p.name.startswith("checkpoint-")) == [
+        f"checkpoint-{s}" for s in sorted(range(4, 13), key=str)
+    ]
+    assert [p.name for p in checkpoints.checkpoints(out)] == ["checkpoint-1", "checkpoint-2",
+                                                              "checkpoint-3"]  # fmt: skip
+    assert _steps(out / "metrics.jsonl") == [1, 2, 3]
+    assert _steps(aside / "metrics.jsonl") == [*range(4, 13), 12]
+    assert len(list((aside / "completions").iterdir())) == 9  # tables of steps 3..11
+    assert json.loads((aside / "eval.json").read_text())["after"] == {"accuracy": 0.5}
+    assert set(json.loads((out / "eval.json").read_text())) == {"before", "dataset"}
+    assert not (out / "adapter_model.safetensors").exists()  # the later save moved too
+    assert (aside / "adapter_model.safetensors").read_bytes() == b"step-5 weights"
+
+
+def test_a_kill_while_metrics_are_cut_is_finished_with_every_line_kept_once(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    _finished_run(out)
+    real = rundir.write_text_atomic
+
+    def cut_killed(path, text):  # the aside copy written, then killed before the run's own cut
+        if path == out / "metrics.jsonl":
+            raise Killed
+        return real(path, text)
+
+    monkeypatch.setattr(rundir, "write_text_atomic", cut_killed)
+    with pytest.raises(Killed):
+        timeline.set_aside(out, 2)
+    monkeypatch.undo()
+    assert timeline.set_aside(out, 2) is None  # the next resume from checkpoint-2: finished first
+    (aside,) = (out / rundir.ABANDONED_DIR).iterdir()  # one folder, each line in it once
+    assert _steps(out / "metrics.jsonl") == [1, 2]
+    assert _steps(aside / "metrics.jsonl") == [3, 4, 5, 5]
