@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..rollout.types import GroupSampling, SamplingParams
+from ..training import weight_files
 from ..training.run import checkpoints, rundir
 from ..training.run.lock import lock_holder
 from .recipe import RecipeError, one_line
@@ -76,7 +77,10 @@ def check_run_dir(run_dir: str | Path, command: str = "chat") -> Path:
         )
     try:
         if model_kind(run) == "adapter":
+            weight_files.check_adapter_weights(run)
             base_model_ref(run)  # the base must still be where the run found it
+        else:
+            weight_files.check_model_weights(run)
     except ValueError as err:
         hint = (
             f" Its newest checkpoint has weights: grpo-plugin {command} {newest}" if newest else ""

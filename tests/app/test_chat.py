@@ -189,6 +189,14 @@ def test_bad_run_dirs_get_one_line_before_any_model_loads(
     (moved / rundir.RUN_INFO_FILE).write_text(json.dumps(info))
     assert run(moved) == 2
     assert f"model path {tmp_path / 'gone'} does not exist" in _one_error_line(capsys)
+    cut = tmp_path / "cut-adapter"  # issue 56: a truncated copy of the weights
+    cut.mkdir()
+    for name in ("adapter_config.json", "adapter_model.safetensors", rundir.RUN_INFO_FILE):
+        (cut / name).write_bytes((adapter_run / name).read_bytes())
+    weights = (adapter_run / "adapter_model.safetensors").read_bytes()
+    (cut / "adapter_model.safetensors").write_bytes(weights[:-50])
+    assert run(cut) == 2
+    assert f"{cut / 'adapter_model.safetensors'}: truncated (" in _one_error_line(capsys)
 
 
 HOLD_LOCK = """

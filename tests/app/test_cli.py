@@ -226,8 +226,34 @@ def test_eval_checks_the_model_and_adapter_before_loading(
     (adapter / "adapter_config.json").write_text(
         json.dumps({"base_model_name_or_path": str(tmp_path / "moved")})
     )
+    (adapter / "adapter_model.safetensors").write_bytes((2).to_bytes(8, "little") + b"{}")
     assert cli.main([*base, "--adapter", str(adapter)]) == 2
     assert f"model path {tmp_path / 'moved'} does not exist" in _one_error_line(capsys)
+
+
+def test_eval_refuses_a_model_or_adapter_without_whole_weights(
+    tiny_model_dir, tmp_path, capsys, no_model_load
+):
+    """Issue 56: a model folder without weights, or with them cut, ended in a traceback."""
+    import shutil
+
+    base = ["eval", "--dataset", "arithmetic", "--reward", "last_integer"]
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model_dir, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    assert cli.main([*base, "--model", str(broken)]) == 2
+    assert f"{weights}: truncated (" in _one_error_line(capsys)
+    weights.unlink()
+    assert cli.main([*base, "--model", str(broken)]) == 2
+    assert f"model folder {broken} holds no weights" in _one_error_line(capsys)
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    (adapter / "adapter_model.safetensors").write_bytes(b"\x10" + bytes(7) + b"{")
+    model = ["--model", str(tiny_model_dir)]
+    assert cli.main([*base, *model, "--adapter", str(adapter)]) == 2
+    assert "adapter_model.safetensors: truncated" in _one_error_line(capsys)
 
 
 # ----------------------------------------------------------------------------- export

@@ -290,6 +290,31 @@ def test_a_hub_model_without_network_is_one_line_at_once(make, capsys, monkeypat
 def test_a_model_folder_whose_tokenizer_cannot_be_read(make, capsys, tmp_path, tiny_model_dir):
     folder = tmp_path / "no-tokenizer"
     folder.mkdir()
-    shutil.copy(tiny_model_dir / "config.json", folder / "config.json")
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_model_dir / name, folder / name)
     message = dry_run(capsys, make(model=folder))
     assert f"model {folder}: its tokenizer and config cannot be read" in message
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_a_model_folder_whose_weights_are_missing_or_cut(
+    make, capsys, monkeypatch, tmp_path, tiny_model_dir, damage
+):
+    """Issue 56: --dry-run passed, then the load failed in a 14-frame traceback."""
+    folder = tmp_path / "broken-model"
+    shutil.copytree(tiny_model_dir, folder)
+    weights = folder / "model.safetensors"
+    if damage == "missing":
+        weights.unlink()
+        expected = f"model folder {folder} holds no weights (model.safetensors"
+    else:
+        weights.write_bytes(weights.read_bytes()[:-100])
+        expected = f"{weights}: truncated ("
+    assert expected in dry_run(capsys, make(model=folder))
+    monkeypatch.setattr("grpo_plugin.training.policy.load_model", _no_load)
+    assert cli.main(["train", make(model=folder)]) == 2  # the real run: the same line, no model
+    assert expected in capsys.readouterr().err
+
+
+def _no_load(*args, **kwargs):
+    raise AssertionError("a model was loaded before the recipe was refused")
