@@ -429,7 +429,14 @@ def parse_dataset_arg(text: str) -> dict[str, Any]:
     if text.lstrip().startswith("{"):
         import yaml
 
-        spec = yaml.safe_load(text)
+        from .yaml_input import safe_load
+
+        try:
+            spec = safe_load(text, "--dataset")
+        except yaml.YAMLError as err:
+            raise ValueError(
+                f"--dataset {text!r} is not valid YAML: {' '.join(str(err).split())}"
+            ) from None
         if not isinstance(spec, dict):
             raise ValueError(f"--dataset {text!r} is not a mapping")
         return spec

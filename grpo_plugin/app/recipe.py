@@ -28,6 +28,7 @@ from transformers import HfArgumentParser
 from ..training.config.grpo_config import GRPOConfig
 from .recipe_library import find_recipe
 from .recipe_types import coerce_values, field_types
+from .yaml_input import YAMLTooLarge, safe_load
 
 DICT_FIELDS = ("dataset", "lora", "eval")
 
@@ -203,7 +204,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     except FileNotFoundError as err:
         raise RecipeError(one_line(err)) from err
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = safe_load(path.read_text(encoding="utf-8"), f"recipe {path}") or {}
+    except YAMLTooLarge as err:
+        raise RecipeError(str(err)) from err
     except UnicodeDecodeError as err:
         raise RecipeError(
             f"{path}: not a UTF-8 text file ({err.reason} at byte {err.start})"
@@ -256,14 +259,26 @@ def parse_overrides(flags: Sequence[str]) -> dict[str, Any]:
         )
     overrides = vars(namespace)
     for top, sub, value in dotted:
-        overrides.setdefault(f"{top}.", []).append((sub, yaml.safe_load(value)))
+        overrides.setdefault(f"{top}.", []).append((sub, _flag_yaml(f"--{top}.{sub}", value)))
     return overrides
+
+
+def _flag_yaml(flag: str, value: str) -> Any:
+    """A flag's value read as YAML (bounded: `yaml_input.py`)."""
+    try:
+        return safe_load(value, flag)
+    except YAMLTooLarge as err:
+        raise RecipeError(str(err)) from err
+    except yaml.YAMLError as err:
+        raise RecipeError(f"{flag}: cannot parse {value!r} as YAML: {one_line(err)}") from err
 
 
 def _as_mapping(key: str, value: Any) -> dict[str, Any] | None:
     if isinstance(value, str):
         try:
-            value = yaml.safe_load(value)
+            value = safe_load(value, key)
+        except YAMLTooLarge as err:
+            raise RecipeError(str(err)) from err
         except yaml.YAMLError as err:
             raise RecipeError(
                 f"{key}: cannot parse {value!r} as a mapping: {one_line(err)}"
@@ -298,7 +313,9 @@ def _yaml_list(key: str, item: Any) -> list[Any]:
     if not (isinstance(item, str) and item.lstrip().startswith("[")):
         return [item]
     try:
-        value = yaml.safe_load(item)
+        value = safe_load(item, key)
+    except YAMLTooLarge as err:
+        raise RecipeError(str(err)) from err
     except yaml.YAMLError as err:
         raise RecipeError(f"{key}: cannot parse {item!r} as a list: {one_line(err)}") from err
     return value if isinstance(value, list) else [value]
@@ -307,7 +324,9 @@ def _yaml_list(key: str, item: Any) -> list[Any]:
 def _reward_item(item: Any) -> Any:
     if isinstance(item, str) and item.lstrip().startswith("{"):
         try:
-            return yaml.safe_load(item)
+            return safe_load(item, "reward_funcs")
+        except YAMLTooLarge as err:
+            raise RecipeError(str(err)) from err
         except yaml.YAMLError as err:
             raise RecipeError(
                 f"reward_funcs entry {item!r} is not valid YAML ({one_line(err)}); write it as "
