@@ -120,13 +120,26 @@ def recipe_parser(
 ) -> HfArgumentParser:
     """The `HfArgumentParser` whose flags (and `--help`) cover every recipe key; `typed_only`:
     one whose namespace holds only the flags a user typed (`parse_overrides`)."""
-    kind = _TypedFlagsParser if typed_only else HfArgumentParser
+    kind = _TypedFlagsParser if typed_only else _RecipeFlagsParser
     parser = kind((RecipeArguments, GRPOConfig), prog=prog, allow_abbrev=False)
     parser.error = _raise_parse_error  # one line, not usage + error
     return parser
 
 
-class _TypedFlagsParser(HfArgumentParser):
+# argparse (before 3.13) takes "-1e-4" for a flag ("expected one argument"): only "-1" and "-.5"
+# looked like numbers to it. No recipe flag looks like a number, so every number is a value.
+_NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$", re.I)
+
+
+class _RecipeFlagsParser(HfArgumentParser):
+    """The recipe's flags, where a negative number in any notation is a value."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = _NEGATIVE_NUMBER  # argparse's own hook, on this parser
+
+
+class _TypedFlagsParser(_RecipeFlagsParser):
     """Every argument's default is `argparse.SUPPRESS`: argparse leaves a flag the user did not
     type out of the namespace, so only what was typed comes back (not the fields' defaults)."""
 

@@ -55,6 +55,7 @@ def test_the_good_recipe_passes(make, capsys):
     [
         (["--learning_rate", "0"], "learning_rate=0.0 must be a positive finite number"),
         (["--learning_rate=-1e-4"], "learning_rate=-0.0001 must be a positive finite number"),
+        (["--learning_rate", "-1e-4"], "learning_rate=-0.0001 must be a positive finite number"),
         (["--learning_rate", "nan"], "learning_rate=nan must be a finite number"),
         (["--resume_from_checkpoint", "true"], "has no complete checkpoint-N folder"),
         (["--reward_timeout", "0"], "reward_timeout=0.0 must be > 0 seconds, or None"),
