@@ -250,6 +250,8 @@ LATE_FAILURES = [
     (["--lora.r", "4", "--lora.target_modules", "[q_proj, lm_head]", "--cast_lm_head_to_fp32",
       "true"], "cast_lm_head_to_fp32=True is not supported with a LoRA adapter on lm_head"),
     (["--seed", "-1"], "seed=-1 must be in [0, 2**32 - 1]"),
+    # issue 56: peft's raw TypeError ("unexpected keyword argument 'rr'")
+    (["--lora.rr", "8"], "unknown lora key 'rr'; did you mean 'r'?"),
     (["--per_device_train_batch_size", "0"], "per_device_train_batch_size=0 must be >= 1"),
     (["--max_prompt_length", "0"], "max_prompt_length=0 must be >= 1"),
     (["--output_dir", ""], "output_dir is empty"),
