@@ -214,7 +214,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     """A recipe file (or a built-in recipe's name, see `grpo-plugin recipes`) as a dict."""
     try:
         path = find_recipe(path)
-    except FileNotFoundError as err:
+    except OSError as err:  # not found, or a folder
         raise RecipeError(one_line(err)) from err
     try:
         data = safe_load(path.read_text(encoding="utf-8"), f"recipe {path}") or {}
@@ -379,7 +379,7 @@ def load_recipe(path: str | Path | None, flags: Sequence[str] = ()) -> Recipe:
     if path is not None:
         try:
             path = find_recipe(path)
-        except FileNotFoundError as err:
+        except OSError as err:  # not found, or a folder
             raise RecipeError(one_line(err)) from err
     base = read_yaml(path) if path is not None else {}
     raw = merge(base, parse_overrides(flags))

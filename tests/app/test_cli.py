@@ -136,6 +136,29 @@ def test_missing_recipe_file(tmp_path, capsys, no_training):
     assert "not found" in _one_error_line(capsys)
 
 
+def test_a_recipe_path_that_is_a_folder(tmp_path, capsys, no_training):
+    """Issue 56: a folder said "not found"; it names the folder and a recipe inside it."""
+    (tmp_path / "runs").mkdir()
+    assert cli.main(["train", str(tmp_path / "runs")]) == 2
+    line = _one_error_line(capsys)
+    assert f"recipe '{tmp_path / 'runs'}' is a folder, not a recipe file (it holds no" in line
+    (tmp_path / "runs" / "mine.yaml").write_text("dataset: {name: arithmetic}\n")
+    assert cli.main(["train", str(tmp_path / "runs"), "--dry-run"]) == 2
+    assert f"(did you mean {tmp_path / 'runs' / 'mine.yaml'}?)" in _one_error_line(capsys)
+
+
+@pytest.mark.parametrize("dataset", ["/nonexistent", "./no/such.data"])
+def test_a_dataset_path_that_does_not_exist_is_named(tmp_path, capsys, no_model_load, dataset):
+    """Issue 56: `eval --dataset /nonexistent` said the Hub could not be reached; `train` too."""
+    base = ["--reward", "last_integer", "--model", str(tmp_path)]
+    assert cli.main(["eval", "--dataset", dataset, *base]) == 2
+    expected = f"dataset file {str(Path(dataset))!r} does not exist; fix the path"
+    assert _one_error_line(capsys) == f"error: {expected}"
+    flags = ["--dataset", f"{{path: {dataset}}}", "--output_dir", str(tmp_path / "out")]
+    assert cli.main(["train", "arithmetic", *flags, "--dry-run"]) == 2
+    assert _one_error_line(capsys) == f"error: {expected}"
+
+
 def test_bad_recipe_in_a_real_subprocess(tmp_path):
     """The console script's path: no traceback and no library warnings, just one line."""
     text = GOOD.replace("num_generations: 4", "num_generations: 3")
