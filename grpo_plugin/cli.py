@@ -254,7 +254,10 @@ def cmd_answer(args: argparse.Namespace) -> int:
     except (RecipeError, EmbeddedModelMissing) as err:
         return fail(str(err))
     if args.command == "generate":
-        print(chat.answer(args.prompt))
+        try:
+            print(chat.answer(args.prompt))
+        except RecipeError as err:  # a prompt longer than the model's context
+            return fail(str(err))
         return 0
     interactive = sys.stdin.isatty()
     if interactive:
