@@ -280,7 +280,10 @@ def cmd_answer(args: argparse.Namespace) -> int:
     except (RecipeError, EmbeddedModelMissing) as err:
         return fail(str(err))
     if args.command == "generate":
-        print(visible(chat.answer(args.prompt)))  # the model's text, shown, never acted on
+        try:
+            print(visible(chat.answer(args.prompt)))  # the model's text, shown, never acted on
+        except RecipeError as err:  # a prompt longer than the model's context
+            return fail(str(err))
         return 0
     interactive = sys.stdin.isatty()
     if interactive:

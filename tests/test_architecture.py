@@ -115,6 +115,7 @@ TRAINING_ROOMS: list[tuple[str, set[str], str]] = [
     ("config", set(), "GRPOConfig and its cross-field checks"),
     ("hub_access", set(), "whether the Hugging Face Hub can be reached, asked before fetching"),
     ("model_checks", set(), "the policy's setup (LoRA, a rollout copy) checked before it loads"),
+    ("weight_files", set(), "a local model or adapter folder's weight files, whole, unloaded"),
     ("user_code", set(), "the user's callables: 'module:function', 'file.py:function'"),
     ("distributed", set(), "processes: shards, gathers, launch checks"),
     ("metrics", set(), "the metrics window, zero-std watch, TRL-named reward metrics"),
@@ -151,7 +152,7 @@ TRAINING_ROOMS: list[tuple[str, set[str], str]] = [
     ),
     (
         "inputs",
-        {"distributed", "evaluation", "hub_access", "run", "sampling"},
+        {"distributed", "evaluation", "hub_access", "run", "sampling", "weight_files"},
         "the trainer's inputs, checked once",
     ),
     ("autopilot", {"inputs", "run", "sampling"}, "the memory autopilot"),

@@ -5,8 +5,15 @@
     open_chat       the run's policy (`publish/weights.trained_policy`: the one loading path),
                     its tokenizer and chat template, and how it answers (`ChatOptions`)
     RunChat.reply   messages in, the reply out: the training sampler (`rollout.prompts`)
+    RunChat.fit     a conversation that fits the model's context beside the answer's tokens
     converse        the loop behind `chat`: a conversation in a terminal, one answer per line
                     of standard input when piped
+
+Nothing is cut without a word: a prompt that does not fit the context beside `max_new_tokens` is
+refused with its token count (`PromptTooLong`: `generate` exits 2, piped `chat` logs it and
+writes an empty line); a conversation that grows past the context leaves out its oldest turns
+(the system prompt stays), and says so once. Before, the prompt's first tokens were cut, the
+chat template's start and the system prompt with them.
 
 Greedy by default (what the held-out accuracy measures); `sample=True` samples with the run's
 own settings (`grpo_run.json`'s `sampling`: temperature, top-p, top-k, min-p, repetition
@@ -24,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..rollout.types import GroupSampling, SamplingParams
+from ..training import inputs, weight_files
 from ..training.run import checkpoints, rundir
 from ..training.run.lock import lock_holder
 from .recipe import RecipeError, one_line
@@ -31,6 +39,10 @@ from .recipe import RecipeError, one_line
 logger = logging.getLogger(__name__)
 
 RESET, QUIT = "/reset", ("/exit", "/quit")
+
+
+class PromptTooLong(RecipeError):
+    """A prompt that does not fit the model's context beside the answer's tokens."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +88,10 @@ def check_run_dir(run_dir: str | Path, command: str = "chat") -> Path:
         )
     try:
         if model_kind(run) == "adapter":
+            weight_files.check_adapter_weights(run)
             base_model_ref(run)  # the base must still be where the run found it
+        else:
+            weight_files.check_model_weights(run)
     except ValueError as err:
         hint = (
             f" Its newest checkpoint has weights: grpo-plugin {command} {newest}" if newest else ""
@@ -145,6 +160,56 @@ class RunChat:
         self.model, self.tokenizer, self.settings = model, tokenizer, settings
         self.system = system or None
         self.uses_chat = chat  # False: plain-text prompts, as the run trained on
+        self.context: int | None = None  # the model's context in tokens (None: not known)
+
+    @property
+    def budget(self) -> int | None:
+        """The tokens a prompt may take beside `max_new_tokens` (None: no known bound)."""
+        if self.context is None:
+            return None
+        return self.context - self.settings.sampling.max_new_tokens
+
+    def prompt_tokens(self, messages: list[dict[str, str]]) -> int:
+        """The prompt's length in tokens, encoded as `reply` encodes it."""
+        from ..rollout.prompts import encode_prompts
+
+        kwargs = self.settings.chat_template_kwargs
+        return len(
+            encode_prompts(self.tokenizer, [self._prompt(messages)], chat_template_kwargs=kwargs)[0]
+        )
+
+    def _prompt(self, messages: list[dict[str, str]]) -> Any:
+        return messages if self.uses_chat else messages[-1]["content"]
+
+    def check_fits(self, messages: list[dict[str, str]]) -> None:
+        """`PromptTooLong` (one line with the counts) when `messages` do not fit."""
+        budget = self.budget
+        if budget is None:
+            return
+        n = self.prompt_tokens(messages)
+        if n > budget:
+            raise PromptTooLong(
+                f"the prompt is {n} tokens, and the model's context of {self.context} leaves "
+                f"{budget} beside max_new_tokens={self.settings.sampling.max_new_tokens}; "
+                "shorten it, or lower --max-new-tokens"
+            )
+
+    def fit(self, messages: list[dict[str, str]]) -> list[dict[str, str]]:
+        """`messages` without their oldest turns, as many as the context needs (the system
+        prompt and the last message stay); `PromptTooLong` when the last message alone does
+        not fit."""
+        head = messages[:1] if messages and messages[0].get("role") == "system" else []
+        turns = messages[len(head) :]
+        while len(turns) > 1:
+            try:
+                self.check_fits(head + turns)
+                return head + turns
+            except PromptTooLong:
+                turns = turns[1:]
+                while len(turns) > 1 and turns[0].get("role") != "user":
+                    turns = turns[1:]  # a conversation starts with the user's turn
+        self.check_fits(head + turns)
+        return head + turns
 
     def messages(self, question: str) -> list[dict[str, str]]:
         """A one-turn conversation with the system prompt."""
@@ -159,7 +224,8 @@ class RunChat:
         from ..rollout.prompts import sample_groups
         from ..training.policy import eval_mode
 
-        prompt: Any = messages if self.uses_chat else messages[-1]["content"]
+        self.check_fits(messages)  # never cut from the left without a word
+        prompt = self._prompt(messages)
         with eval_mode(self.model), torch.no_grad():
             rollout = sample_groups(self.model, self.tokenizer, [{"prompt": prompt}], self.settings)
         completion = rollout.completions[0]
@@ -189,13 +255,18 @@ def open_chat(run_dir: str | Path, options: ChatOptions, command: str = "chat") 
         )
     torch.manual_seed(options.seed)  # the draws when sampling; greedy draws nothing
     model, tokenizer = trained_policy(run)
-    context = getattr(model.config, "max_position_embeddings", None)
-    keep = context - sampling.max_new_tokens if context else None  # a long chat keeps its end
+    context = inputs.context_length(model.config, tokenizer)
+    if context is not None and sampling.max_new_tokens >= context:
+        raise RecipeError(
+            f"max_new_tokens={sampling.max_new_tokens} leaves no room for a prompt in the "
+            f"model's context of {context} tokens; lower --max-new-tokens"
+        )
     template = (info.get("sampling") or {}).get("chat_template_kwargs")
-    keep = keep if keep and keep > 0 else None
-    settings = GroupSampling(sampling, 1, max_prompt_length=keep, chat_template_kwargs=template)
+    settings = GroupSampling(sampling, 1, chat_template_kwargs=template)  # nothing is cut
     chat = isinstance(logged, list) if logged is not None else tokenizer.chat_template is not None
-    return RunChat(model, tokenizer, settings, system, chat)
+    answering = RunChat(model, tokenizer, settings, system, chat)
+    answering.context = context
+    return answering
 
 
 def one_line_answer(text: str) -> str:
@@ -208,34 +279,58 @@ def converse(
 ) -> int:
     """Answer each line; returns how many answers were given.
 
-    Interactive: one conversation (each answer sees the earlier turns); `/reset` starts a new
-    one, `/exit` ends. Piped: each line is its own question and gets exactly one output line
-    (an empty line for an empty one), so answers line up with the questions."""
+    Interactive: one conversation (each answer sees the earlier turns, as many as the context
+    holds); `/reset` starts a new one, `/exit` ends; a message too long for the context gets an
+    error line and is not kept. Piped: each line is its own question and gets exactly one output
+    line (an empty line for an empty one, or for one too long, which is logged), so answers line
+    up with the questions."""
     history: list[dict[str, str]] = []
+    told = False  # that the oldest turns are left out: said once per conversation
     answered = 0
-    for raw in lines:
+    for number, raw in enumerate(lines, 1):
         text = raw.rstrip("\r\n")
         command = text.strip().lower()
         if interactive and command in QUIT:
             break
         if interactive and command == RESET:
-            history = []
+            history, told = [], False
             write("(a new conversation)")
             continue
         if not text.strip():
             if not interactive:
                 write("")
             continue
-        if interactive:
-            history = history or chat.messages(text)[:-1]
-            history.append({"role": "user", "content": text})
-            reply = chat.reply(history)
-            history.append({"role": "assistant", "content": reply})
-            write(reply)
-        else:
-            write(one_line_answer(chat.answer(text)))
+        try:
+            if interactive:
+                history, told = _turn(chat, history, text, write, told)
+            else:
+                write(one_line_answer(chat.answer(text)))
+        except PromptTooLong as err:
+            if interactive:
+                write(f"error: {err}")
+            else:
+                logger.warning("line %d not answered: %s", number, err)
+                write("")
+            continue
         answered += 1
     return answered
+
+
+def _turn(
+    chat: RunChat, history: list[dict[str, str]], text: str, write: Callable, told: bool
+) -> tuple[list[dict[str, str]], bool]:
+    """One interactive turn: the conversation after it, and whether the cut was announced."""
+    asked = [*(history or chat.messages(text)[:-1]), {"role": "user", "content": text}]
+    kept = chat.fit(asked)  # PromptTooLong: the history stays as it was
+    if len(kept) < len(asked) and not told:
+        write(
+            f"(the conversation no longer fits the model's context of {chat.context} tokens: "
+            "its oldest turns are left out from here on)"
+        )
+        told = True
+    reply = chat.reply(kept)
+    write(reply)
+    return [*kept, {"role": "assistant", "content": reply}], told
 
 
 def example_question(dataset: Any) -> str | None:

@@ -140,7 +140,10 @@ def arithmetic_dataset(
 
 
 def _is_local(path: str) -> bool:
-    return Path(path).suffix.lower() in LOCAL_SUFFIXES or Path(path).exists()
+    """A file, not a Hub id: it exists, has a data file's suffix, or is written as a path (from
+    `/`, `.` or `~`, with a backslash or two slashes; a Hub id is `org/name`)."""
+    as_path = path.startswith(("/", ".", "~")) or "\\" in path or path.count("/") > 1
+    return as_path or Path(path).suffix.lower() in LOCAL_SUFFIXES or Path(path).exists()
 
 
 def _load_table(path_or_hub_id: str, split: str) -> Dataset:
@@ -222,8 +225,12 @@ def require_columns(dataset: Dataset, required: list[str]) -> None:
 
 
 def _require_file(path: Path) -> None:
+    if path.is_dir():
+        raise ValueError(
+            f"dataset path {str(path)!r} is a folder; give a {'/'.join(LOCAL_SUFFIXES)} file"
+        )
     if not path.is_file():
-        raise ValueError(f"dataset file {str(path)!r} does not exist; fix `path`/`eval_path`")
+        raise ValueError(f"dataset file {str(path)!r} does not exist; fix the path")
 
 
 def _json_record(path: Path, number: int, line: str) -> dict[str, Any]:
@@ -245,7 +252,7 @@ def _json_record(path: Path, number: int, line: str) -> dict[str, Any]:
 def check_json_lines(path: Path) -> None:
     """Every non-blank line of a .jsonl file is a JSON object; the first bad one is named."""
     try:
-        with path.open(encoding="utf-8") as f:
+        with path.open(encoding="utf-8-sig") as f:  # a byte-order mark is not part of line 1
             for number, line in enumerate(f, 1):
                 if line.strip():
                     _json_record(path, number, line)
@@ -257,7 +264,7 @@ def first_record_columns(path: Path) -> list[str] | None:
     """Column names from the first record of a local file (None when not cheap to tell)."""
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        with path.open(encoding="utf-8", errors="replace") as f:
+        with path.open(encoding="utf-8-sig", errors="replace") as f:
             line = f.readline().strip()
         return list(_json_record(path, 1, line)) if line else []
     if suffix == ".parquet":
@@ -265,7 +272,7 @@ def first_record_columns(path: Path) -> list[str] | None:
 
         return list(pq.read_schema(path).names)
     if suffix == ".csv":
-        with path.open() as f:
+        with path.open(encoding="utf-8-sig", errors="replace") as f:
             return [c.strip() for c in f.readline().split(",")]
     return None
 
@@ -429,7 +436,14 @@ def parse_dataset_arg(text: str) -> dict[str, Any]:
     if text.lstrip().startswith("{"):
         import yaml
 
-        spec = yaml.safe_load(text)
+        from .yaml_input import safe_load
+
+        try:
+            spec = safe_load(text, "--dataset")
+        except yaml.YAMLError as err:
+            raise ValueError(
+                f"--dataset {text!r} is not valid YAML: {' '.join(str(err).split())}"
+            ) from None
         if not isinstance(spec, dict):
             raise ValueError(f"--dataset {text!r} is not a mapping")
         return spec

@@ -28,6 +28,7 @@ from transformers import HfArgumentParser
 from ..training.config.grpo_config import GRPOConfig
 from .recipe_library import find_recipe
 from .recipe_types import coerce_values, field_types
+from .yaml_input import YAMLTooLarge, safe_load
 
 DICT_FIELDS = ("dataset", "lora", "eval")
 
@@ -119,13 +120,26 @@ def recipe_parser(
 ) -> HfArgumentParser:
     """The `HfArgumentParser` whose flags (and `--help`) cover every recipe key; `typed_only`:
     one whose namespace holds only the flags a user typed (`parse_overrides`)."""
-    kind = _TypedFlagsParser if typed_only else HfArgumentParser
+    kind = _TypedFlagsParser if typed_only else _RecipeFlagsParser
     parser = kind((RecipeArguments, GRPOConfig), prog=prog, allow_abbrev=False)
     parser.error = _raise_parse_error  # one line, not usage + error
     return parser
 
 
-class _TypedFlagsParser(HfArgumentParser):
+# argparse (before 3.13) takes "-1e-4" for a flag ("expected one argument"): only "-1" and "-.5"
+# looked like numbers to it. No recipe flag looks like a number, so every number is a value.
+_NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-(inf|infinity|nan)$", re.I)
+
+
+class _RecipeFlagsParser(HfArgumentParser):
+    """The recipe's flags, where a negative number in any notation is a value."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = _NEGATIVE_NUMBER  # argparse's own hook, on this parser
+
+
+class _TypedFlagsParser(_RecipeFlagsParser):
     """Every argument's default is `argparse.SUPPRESS`: argparse leaves a flag the user did not
     type out of the namespace, so only what was typed comes back (not the fields' defaults)."""
 
@@ -200,10 +214,12 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     """A recipe file (or a built-in recipe's name, see `grpo-plugin recipes`) as a dict."""
     try:
         path = find_recipe(path)
-    except FileNotFoundError as err:
+    except OSError as err:  # not found, or a folder
         raise RecipeError(one_line(err)) from err
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = safe_load(path.read_text(encoding="utf-8"), f"recipe {path}") or {}
+    except YAMLTooLarge as err:
+        raise RecipeError(str(err)) from err
     except UnicodeDecodeError as err:
         raise RecipeError(
             f"{path}: not a UTF-8 text file ({err.reason} at byte {err.start})"
@@ -256,14 +272,26 @@ def parse_overrides(flags: Sequence[str]) -> dict[str, Any]:
         )
     overrides = vars(namespace)
     for top, sub, value in dotted:
-        overrides.setdefault(f"{top}.", []).append((sub, yaml.safe_load(value)))
+        overrides.setdefault(f"{top}.", []).append((sub, _flag_yaml(f"--{top}.{sub}", value)))
     return overrides
+
+
+def _flag_yaml(flag: str, value: str) -> Any:
+    """A flag's value read as YAML (bounded: `yaml_input.py`)."""
+    try:
+        return safe_load(value, flag)
+    except YAMLTooLarge as err:
+        raise RecipeError(str(err)) from err
+    except yaml.YAMLError as err:
+        raise RecipeError(f"{flag}: cannot parse {value!r} as YAML: {one_line(err)}") from err
 
 
 def _as_mapping(key: str, value: Any) -> dict[str, Any] | None:
     if isinstance(value, str):
         try:
-            value = yaml.safe_load(value)
+            value = safe_load(value, key)
+        except YAMLTooLarge as err:
+            raise RecipeError(str(err)) from err
         except yaml.YAMLError as err:
             raise RecipeError(
                 f"{key}: cannot parse {value!r} as a mapping: {one_line(err)}"
@@ -298,7 +326,9 @@ def _yaml_list(key: str, item: Any) -> list[Any]:
     if not (isinstance(item, str) and item.lstrip().startswith("[")):
         return [item]
     try:
-        value = yaml.safe_load(item)
+        value = safe_load(item, key)
+    except YAMLTooLarge as err:
+        raise RecipeError(str(err)) from err
     except yaml.YAMLError as err:
         raise RecipeError(f"{key}: cannot parse {item!r} as a list: {one_line(err)}") from err
     return value if isinstance(value, list) else [value]
@@ -307,7 +337,9 @@ def _yaml_list(key: str, item: Any) -> list[Any]:
 def _reward_item(item: Any) -> Any:
     if isinstance(item, str) and item.lstrip().startswith("{"):
         try:
-            return yaml.safe_load(item)
+            return safe_load(item, "reward_funcs")
+        except YAMLTooLarge as err:
+            raise RecipeError(str(err)) from err
         except yaml.YAMLError as err:
             raise RecipeError(
                 f"reward_funcs entry {item!r} is not valid YAML ({one_line(err)}); write it as "
@@ -347,7 +379,7 @@ def load_recipe(path: str | Path | None, flags: Sequence[str] = ()) -> Recipe:
     if path is not None:
         try:
             path = find_recipe(path)
-        except FileNotFoundError as err:
+        except OSError as err:  # not found, or a folder
             raise RecipeError(one_line(err)) from err
     base = read_yaml(path) if path is not None else {}
     raw = merge(base, parse_overrides(flags))

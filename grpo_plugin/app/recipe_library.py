@@ -40,13 +40,20 @@ def purpose(path: Path) -> str:
 
 
 def find_recipe(name_or_path: str | Path) -> Path:
-    """A YAML path as given, or the built-in recipe of that name (`arithmetic`)."""
+    """A YAML path as given, or the built-in recipe of that name (`arithmetic`); a folder or a
+    name neither is raises an OSError whose message says what to pass."""
     path = Path(name_or_path)
     if path.is_file():
         return path
     builtins = builtin_recipes()
     if str(name_or_path) in builtins:
         return builtins[str(name_or_path)]
+    if path.is_dir():
+        inside = sorted(p.name for p in path.iterdir() if p.suffix in (".yaml", ".yml"))
+        hint = f"did you mean {path / inside[0]}?" if inside else "it holds no .yaml file"
+        raise IsADirectoryError(
+            f"recipe {str(name_or_path)!r} is a folder, not a recipe file ({hint})"
+        )
     known = ", ".join(builtins) or "none installed"
     raise FileNotFoundError(
         f"recipe {str(name_or_path)!r} not found: pass a YAML file or a built-in recipe name "

@@ -4,10 +4,10 @@ them) and `GRPOTrainer` (for Python users) both run them.
 
 - `check_output_dir`: not a file, writable, with room for checkpoints (`needed_free_mb`: twice
   the newest checkpoint's size plus a margin, `MIN_FREE_MB` before the first).
-- `check_model_source`: an existing local directory, a known `embedded:` name, or a valid Hub id
-  that is in the local cache when the Hub is offline (`HF_HUB_OFFLINE=1`) or cannot be reached
-  (`hub_access.py`).
-- `check_adapter_dir`: a LoRA adapter directory with its `adapter_config.json`.
+- `check_model_source`: an existing local directory with its config and whole weight files
+  (`weight_files.py`), a known `embedded:` name, or a valid Hub id that is in the local cache
+  when the Hub is offline (`HF_HUB_OFFLINE=1`) or cannot be reached (`hub_access.py`).
+- `check_adapter_dir`: a LoRA adapter directory with its `adapter_config.json` and whole weights.
 - `check_prompts`: every prompt a non-empty string or a non-empty list of chat messages, the bad
   row named by its index.
 - `check_prompt_lengths` (needs the tokenizer): prompts that do not fit the model's context with
@@ -39,7 +39,7 @@ from typing import Any
 
 from ..models import check_embedded_name, is_embedded
 from ..rollout.prompts import encode_prompts, prompt_problem
-from . import hub_access
+from . import hub_access, weight_files
 from .distributed import check_launch
 from .evaluation.setup import check_eval_datasets
 from .run import checkpoints
@@ -126,6 +126,7 @@ def check_model_source(name: Any) -> None:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ValueError(f"model directory {name} has no config.json; is it a model folder?")
+        weight_files.check_model_weights(path)  # present and whole: no traceback in the load
         return
     if path.exists() or _looks_like_path(name):
         raise ValueError(f"model path {name} does not exist; fix the path (or give a Hub id).")
@@ -165,6 +166,7 @@ def check_adapter_dir(adapter: str | os.PathLike) -> None:
             f"adapter {adapter} has no adapter_config.json (not a LoRA adapter; a full fine-tune "
             "is a model: pass it as --model)."
         )
+    weight_files.check_adapter_weights(path)
 
 
 def _in_hub_cache(repo_id: str) -> bool:

@@ -12,6 +12,7 @@ weights; the trainer does not, and peft and transformers report those after the 
 
 from __future__ import annotations
 
+import difflib
 import math
 from typing import Any
 
@@ -35,6 +36,24 @@ _LOAD_ONLY = frozenset(
     "subfolder token torch_dtype tp_plan tp_size trust_remote_code use_kernels use_safetensors "
     "variant weights_only".split()
 )
+
+
+def check_lora_keys(lora: dict[str, Any]) -> None:
+    """A `lora` mapping names only `peft.LoraConfig` arguments; an unknown one gets the closest
+    (peft's own TypeError said only "unexpected keyword argument")."""
+    import dataclasses
+
+    from peft import LoraConfig
+
+    known = sorted(f.name for f in dataclasses.fields(LoraConfig) if f.init)
+    for key in lora:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(
+                f"unknown lora key {key!r}{hint} (the keys are peft.LoraConfig's arguments, "
+                "e.g. r, lora_alpha, lora_dropout, target_modules)"
+            )
 
 
 def check_lora(peft_config: Any) -> None:

@@ -27,7 +27,7 @@ from .._compat import (
     unwrap_peft,
 )
 from ..models import resolve_model_path
-from .model_checks import check_copy_setup, check_lora, check_reference_setup
+from .model_checks import check_copy_setup, check_lora, check_lora_keys, check_reference_setup
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,7 @@ def lora_config(lora: dict[str, Any] | LoraConfig) -> LoraConfig:
             f"lora must be a dict of peft.LoraConfig arguments or a LoraConfig, "
             f"got {type(lora).__name__}"
         )
+    check_lora_keys(lora)  # "did you mean", not peft's "unexpected keyword argument"
     try:
         config = LoraConfig(**{**LORA_DEFAULTS, **lora})
     except (TypeError, ValueError) as err:

@@ -189,6 +189,14 @@ def test_bad_run_dirs_get_one_line_before_any_model_loads(
     (moved / rundir.RUN_INFO_FILE).write_text(json.dumps(info))
     assert run(moved) == 2
     assert f"model path {tmp_path / 'gone'} does not exist" in _one_error_line(capsys)
+    cut = tmp_path / "cut-adapter"  # issue 56: a truncated copy of the weights
+    cut.mkdir()
+    for name in ("adapter_config.json", "adapter_model.safetensors", rundir.RUN_INFO_FILE):
+        (cut / name).write_bytes((adapter_run / name).read_bytes())
+    weights = (adapter_run / "adapter_model.safetensors").read_bytes()
+    (cut / "adapter_model.safetensors").write_bytes(weights[:-50])
+    assert run(cut) == 2
+    assert f"{cut / 'adapter_model.safetensors'}: truncated (" in _one_error_line(capsys)
 
 
 HOLD_LOCK = """
@@ -228,8 +236,13 @@ def test_a_run_still_training_is_refused_and_its_newest_checkpoint_named(
 class EchoChat:
     """A stand-in for RunChat: replies with what it was asked and how many turns it saw."""
 
+    context = None
+
     def __init__(self):
         self.seen: list[list[dict]] = []
+
+    def fit(self, messages):
+        return messages
 
     def messages(self, question):
         return [{"role": "system", "content": "S"}, {"role": "user", "content": question}]
@@ -274,3 +287,78 @@ def test_example_question_for_the_summary():
     ) == ("What is 3 + 5?")
     assert chat_app.example_question([{"prompt": "2 + 2 ="}]) == "2 + 2 ="
     assert chat_app.example_question(None) is None
+
+
+# ----------------------------------------------------------------------------- the context
+
+CONTEXT = 64  # tokens; the tiny tokenizer's is one per character (ChatML markers: one each)
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory) -> Path:
+    """A full fine-tune whose model's context is 64 tokens."""
+    run = tmp_path_factory.mktemp("short-context")
+    tokenizer = make_tiny_tokenizer()
+    model = make_tiny_model(tokenizer, seed=5, initializer_range=0.5)
+    model.config.max_position_embeddings = CONTEXT
+    model.save_pretrained(run)
+    tokenizer.save_pretrained(run)
+    return run
+
+
+def _tokens(messages) -> int:
+    tokenizer = make_tiny_tokenizer()
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def test_generate_refuses_a_prompt_longer_than_the_context(short_run, capsys):
+    """Issue 56: the prompt's first tokens (the template's start with them) were cut silently."""
+    question = "What is 1234 + 5678, and then times 3, minus 2?"
+    n = _tokens([{"role": "user", "content": question}])
+    assert n > CONTEXT - 6
+    assert cli.main(["generate", str(short_run), question, "--max-new-tokens", "6"]) == 2
+    assert _one_error_line(capsys) == (
+        f"error: the prompt is {n} tokens, and the model's context of {CONTEXT} leaves "
+        f"{CONTEXT - 6} beside max_new_tokens=6; shorten it, or lower --max-new-tokens"
+    )
+    assert cli.main(["generate", str(short_run), "What is 1 + 2?", "--max-new-tokens", "6"]) == 0
+    with pytest.raises(RecipeError, match="max_new_tokens=64 leaves no room for a prompt"):
+        open_chat(short_run, ChatOptions(max_new_tokens=CONTEXT))
+
+
+def test_a_conversation_past_the_context_leaves_out_its_oldest_turns(short_run):
+    chat = open_chat(short_run, ChatOptions(system="S", max_new_tokens=6))
+    seen: list[list[dict]] = []
+    reply = chat.reply
+    chat.reply = lambda messages: seen.append(messages) or reply(messages)
+    written: list[str] = []
+    lines = ["What is 10 + 1?", "What is 20 + 2?", "What is 30 + 3?", "x" * 60, "/reset", "Hi"]
+    assert converse(chat, lines, written.append, interactive=True) == 4
+    notices = [w for w in written if w.startswith("(the conversation no longer fits")]
+    assert notices == [
+        f"(the conversation no longer fits the model's context of {CONTEXT} tokens: its oldest "
+        "turns are left out from here on)"
+    ]  # said once, at the second turn
+    assert written.index(notices[0]) == 1
+    assert [m[-1]["content"] for m in seen] == [*lines[:3], "Hi"]  # the long one is not sent
+    for messages in seen:
+        assert messages[0] == {"role": "system", "content": "S"}  # the system prompt stays
+        assert _tokens(messages) <= CONTEXT - 6
+    assert len(seen[1]) == 2  # the first turn left out: system + the new question
+    too_long = _tokens([{"role": "system", "content": "S"}, {"role": "user", "content": "x" * 60}])
+    assert f"error: the prompt is {too_long} tokens" in written[-3]
+    assert written[-2] == "(a new conversation)"
+
+
+def test_piped_a_line_too_long_gets_an_empty_line_and_a_warning(short_run, caplog):
+    chat = open_chat(short_run, ChatOptions(max_new_tokens=6))
+    written: list[str] = []
+    with caplog.at_level("WARNING", logger="grpo_plugin.app.chat"):
+        assert converse(chat, ["What is 1?", "y" * 60, "What is 2?"], written.append, False) == 2
+    assert len(written) == 3 and written[1] == "" and written[0] and written[2]
+    n = _tokens([{"role": "user", "content": "y" * 60}])
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("line")] == [
+        f"line 2 not answered: the prompt is {n} tokens, and the model's context of {CONTEXT} "
+        f"leaves {CONTEXT - 6} beside max_new_tokens=6; shorten it, or lower --max-new-tokens"
+    ]

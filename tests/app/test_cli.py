@@ -136,6 +136,29 @@ def test_missing_recipe_file(tmp_path, capsys, no_training):
     assert "not found" in _one_error_line(capsys)
 
 
+def test_a_recipe_path_that_is_a_folder(tmp_path, capsys, no_training):
+    """Issue 56: a folder said "not found"; it names the folder and a recipe inside it."""
+    (tmp_path / "runs").mkdir()
+    assert cli.main(["train", str(tmp_path / "runs")]) == 2
+    line = _one_error_line(capsys)
+    assert f"recipe '{tmp_path / 'runs'}' is a folder, not a recipe file (it holds no" in line
+    (tmp_path / "runs" / "mine.yaml").write_text("dataset: {name: arithmetic}\n")
+    assert cli.main(["train", str(tmp_path / "runs"), "--dry-run"]) == 2
+    assert f"(did you mean {tmp_path / 'runs' / 'mine.yaml'}?)" in _one_error_line(capsys)
+
+
+@pytest.mark.parametrize("dataset", ["/nonexistent", "./no/such.data"])
+def test_a_dataset_path_that_does_not_exist_is_named(tmp_path, capsys, no_model_load, dataset):
+    """Issue 56: `eval --dataset /nonexistent` said the Hub could not be reached; `train` too."""
+    base = ["--reward", "last_integer", "--model", str(tmp_path)]
+    assert cli.main(["eval", "--dataset", dataset, *base]) == 2
+    expected = f"dataset file {str(Path(dataset))!r} does not exist; fix the path"
+    assert _one_error_line(capsys) == f"error: {expected}"
+    flags = ["--dataset", f"{{path: {dataset}}}", "--output_dir", str(tmp_path / "out")]
+    assert cli.main(["train", "arithmetic", *flags, "--dry-run"]) == 2
+    assert _one_error_line(capsys) == f"error: {expected}"
+
+
 def test_bad_recipe_in_a_real_subprocess(tmp_path):
     """The console script's path: no traceback and no library warnings, just one line."""
     text = GOOD.replace("num_generations: 4", "num_generations: 3")
@@ -226,8 +249,34 @@ def test_eval_checks_the_model_and_adapter_before_loading(
     (adapter / "adapter_config.json").write_text(
         json.dumps({"base_model_name_or_path": str(tmp_path / "moved")})
     )
+    (adapter / "adapter_model.safetensors").write_bytes((2).to_bytes(8, "little") + b"{}")
     assert cli.main([*base, "--adapter", str(adapter)]) == 2
     assert f"model path {tmp_path / 'moved'} does not exist" in _one_error_line(capsys)
+
+
+def test_eval_refuses_a_model_or_adapter_without_whole_weights(
+    tiny_model_dir, tmp_path, capsys, no_model_load
+):
+    """Issue 56: a model folder without weights, or with them cut, ended in a traceback."""
+    import shutil
+
+    base = ["eval", "--dataset", "arithmetic", "--reward", "last_integer"]
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model_dir, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    assert cli.main([*base, "--model", str(broken)]) == 2
+    assert f"{weights}: truncated (" in _one_error_line(capsys)
+    weights.unlink()
+    assert cli.main([*base, "--model", str(broken)]) == 2
+    assert f"model folder {broken} holds no weights" in _one_error_line(capsys)
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    (adapter / "adapter_model.safetensors").write_bytes(b"\x10" + bytes(7) + b"{")
+    model = ["--model", str(tiny_model_dir)]
+    assert cli.main([*base, *model, "--adapter", str(adapter)]) == 2
+    assert "adapter_model.safetensors: truncated" in _one_error_line(capsys)
 
 
 # ----------------------------------------------------------------------------- export

@@ -226,3 +226,44 @@ def test_a_hub_dataset_without_network_is_refused_before_any_retry(monkeypatch):
     with pytest.raises(ValueError, match="huggingface.co does not resolve") as err:
         load_prompt_datasets({"name": "gsm8k"})
     assert "set HF_HUB_OFFLINE=1 to use a cached copy" in str(err.value)
+
+
+BOM = b"\xef\xbb\xbf"
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".json"])
+def test_a_file_with_a_utf8_byte_order_mark_is_read(tmp_path, suffix):
+    """Issue 56: a JSONL saved with a BOM (Windows editors) was refused as invalid JSON on line 1,
+    a CSV's first column read as '\\ufeffprompt'."""
+    text = {
+        ".jsonl": '{"prompt": "What is 1 + 1?", "answer": "2"}\n{"prompt": "2+2", "answer": "4"}\n',
+        ".csv": "prompt,answer\nWhat is 1 + 1?,2\n2+2,4\n",
+        ".json": '[{"prompt": "What is 1 + 1?", "answer": "2"}, {"prompt": "2+2", "answer": "4"}]',
+    }[suffix]
+    path = tmp_path / f"bom{suffix}"
+    path.write_bytes(BOM + text.encode())
+    spec = {"path": str(path), "eval_path": str(path)}
+    validate_dataset_spec(spec)
+    train, held_out = load_prompt_datasets(spec)
+    assert train["prompt"] == ["What is 1 + 1?", "2+2"] and len(held_out) == 2
+    assert [str(a) for a in train["answer"]] == ["2", "4"]
+
+
+@pytest.mark.parametrize("path", ["/nonexistent", "./data/train", "../train", "a/b/c", "a\\b"])
+def test_a_path_that_does_not_exist_is_named_not_looked_up_on_the_hub(monkeypatch, path):
+    """Issue 56: `eval --dataset /nonexistent` said the Hub could not be reached."""
+    import datasets
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError("a path was looked up on the Hub")
+
+    monkeypatch.setattr(datasets, "load_dataset", no_hub)
+    with pytest.raises(ValueError, match=r"^dataset file .* does not exist; fix the path$"):
+        validate_dataset_spec({"path": path})
+    with pytest.raises(ValueError, match=r"does not exist; fix the path$"):
+        load_prompt_datasets({"path": "openai/gsm8k-like", "eval_path": path})
+
+
+def test_a_folder_is_not_a_data_file(tmp_path):
+    with pytest.raises(ValueError, match=f"dataset path '{tmp_path}' is a folder; give a .jsonl"):
+        validate_dataset_spec({"path": str(tmp_path)})

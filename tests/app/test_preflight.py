@@ -55,6 +55,7 @@ def test_the_good_recipe_passes(make, capsys):
     [
         (["--learning_rate", "0"], "learning_rate=0.0 must be a positive finite number"),
         (["--learning_rate=-1e-4"], "learning_rate=-0.0001 must be a positive finite number"),
+        (["--learning_rate", "-1e-4"], "learning_rate=-0.0001 must be a positive finite number"),
         (["--learning_rate", "nan"], "learning_rate=nan must be a finite number"),
         (["--resume_from_checkpoint", "true"], "has no complete checkpoint-N folder"),
         (["--reward_timeout", "0"], "reward_timeout=0.0 must be > 0 seconds, or None"),
@@ -272,6 +273,8 @@ LATE_FAILURES = [
     (["--lora.r", "4", "--lora.target_modules", "[q_proj, lm_head]", "--cast_lm_head_to_fp32",
       "true"], "cast_lm_head_to_fp32=True is not supported with a LoRA adapter on lm_head"),
     (["--seed", "-1"], "seed=-1 must be in [0, 2**32 - 1]"),
+    # issue 56: peft's raw TypeError ("unexpected keyword argument 'rr'")
+    (["--lora.rr", "8"], "unknown lora key 'rr'; did you mean 'r'?"),
     (["--per_device_train_batch_size", "0"], "per_device_train_batch_size=0 must be >= 1"),
     (["--max_prompt_length", "0"], "max_prompt_length=0 must be >= 1"),
     (["--output_dir", ""], "output_dir is empty"),
@@ -313,6 +316,31 @@ def test_a_hub_model_without_network_is_one_line_at_once(make, capsys, monkeypat
 def test_a_model_folder_whose_tokenizer_cannot_be_read(make, capsys, tmp_path, tiny_model_dir):
     folder = tmp_path / "no-tokenizer"
     folder.mkdir()
-    shutil.copy(tiny_model_dir / "config.json", folder / "config.json")
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_model_dir / name, folder / name)
     message = dry_run(capsys, make(model=folder))
     assert f"model {folder}: its tokenizer and config cannot be read" in message
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_a_model_folder_whose_weights_are_missing_or_cut(
+    make, capsys, monkeypatch, tmp_path, tiny_model_dir, damage
+):
+    """Issue 56: --dry-run passed, then the load failed in a 14-frame traceback."""
+    folder = tmp_path / "broken-model"
+    shutil.copytree(tiny_model_dir, folder)
+    weights = folder / "model.safetensors"
+    if damage == "missing":
+        weights.unlink()
+        expected = f"model folder {folder} holds no weights (model.safetensors"
+    else:
+        weights.write_bytes(weights.read_bytes()[:-100])
+        expected = f"{weights}: truncated ("
+    assert expected in dry_run(capsys, make(model=folder))
+    monkeypatch.setattr("grpo_plugin.training.policy.load_model", _no_load)
+    assert cli.main(["train", make(model=folder)]) == 2  # the real run: the same line, no model
+    assert expected in capsys.readouterr().err
+
+
+def _no_load(*args, **kwargs):
+    raise AssertionError("a model was loaded before the recipe was refused")

@@ -196,6 +196,22 @@ def test_flags_with_the_wrong_type_name_the_field(flags, message):
         load_recipe(None, ["--dataset.name", "arithmetic", *flags])
 
 
+@pytest.mark.parametrize("value", ["-1e-4", "-1.5E-3", "-2.", "-inf"])
+def test_a_negative_number_in_any_notation_is_a_flags_value(value):
+    """Issue 56: `--learning_rate -1e-4` failed in argparse ('expected one argument'); the
+    config's own check gives the line now."""
+    with pytest.raises(RecipeError, match=r"^learning_rate=-\S+ must be a (positive )?finite"):
+        load_recipe(None, ["--dataset.name", "arithmetic", "--learning_rate", value])
+
+
+def test_a_field_that_takes_negatives_takes_them_from_flags():
+    """A penalty reward's weight is negative: `--reward_weights 1 -5e-1` is two values."""
+    flags = ["--reward_funcs", "last_integer", "think_format", "--reward_weights", "1", "-5e-1"]
+    recipe = load_recipe(None, ["--dataset.name", "arithmetic", *flags])
+    assert recipe.config.reward_weights == [1.0, -0.5]
+    assert len(check_recipe(recipe)) == 2  # the weights pass the recipe's checks too
+
+
 @pytest.mark.parametrize(
     ("key", "hint"),
     [

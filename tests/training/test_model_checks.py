@@ -3,6 +3,8 @@ load to come (issue 45: each failed only once the model had loaded)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from conftest import SEVEN_DATA, frac_sevens, tiny_config
@@ -34,6 +36,23 @@ def test_lora_numbers_peft_checks_only_after_the_load(kwargs, expected):
     with pytest.raises(ValueError, match=expected):
         check_lora(LoraConfig(**kwargs))
     check_lora(LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1))  # a good one passes
+
+
+@pytest.mark.parametrize(
+    ("lora", "expected"),
+    [
+        ({"rr": 8}, "unknown lora key 'rr'; did you mean 'r'? (the keys are peft.LoraConfig's"),
+        ({"r": 8, "target_module": "all-linear"}, "did you mean 'target_modules'?"),
+        ({"zzz": 1}, "unknown lora key 'zzz' (the keys"),
+    ],
+)
+def test_an_unknown_lora_key_gets_the_closest_one(lora, expected):
+    """Issue 56: `--lora.rr 8` was peft's raw TypeError, without the recipe keys' hint."""
+    from grpo_plugin.training.policy import lora_config
+
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        lora_config(lora)
+    assert lora_config({"r": 8, "lora_alpha": 16}).r == 8  # known keys pass
 
 
 def _args(tmp_path, precision, **kw):

@@ -108,8 +108,10 @@ def test_load_policy_accepts_lora_config(tiny_model_dir):
 def test_load_policy_bad_lora_settings(tiny_model_dir):
     with pytest.raises(TypeError, match="lora must be"):
         load_policy(str(tiny_model_dir), lora=16)
-    with pytest.raises(ValueError, match="lora: .*see peft.LoraConfig"):
+    with pytest.raises(ValueError, match="unknown lora key 'rank'"):
         load_policy(str(tiny_model_dir), lora={"rank": 16})
+    with pytest.raises(ValueError, match="lora: .*see peft.LoraConfig"):  # peft's own refusal
+        load_policy(str(tiny_model_dir), lora={"layers_to_transform": 1})
 
 
 def test_load_policy_4bit_keeps_base_linear4bit(tmp_path, tiny_tokenizer):
