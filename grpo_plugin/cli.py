@@ -38,7 +38,7 @@ quiet_bnb_kernel_warnings()  # before anything imports bitsandbytes
 from .app import arguments  # noqa: E402
 from .app.recipe import RecipeError, load_recipe, one_line, recipe_parser  # noqa: E402
 from .app.recipe_checks import check_recipe  # noqa: E402
-from .training.config import SECRET_FIELDS  # noqa: E402
+from .training.run.rundir import SECRET_FIELDS  # noqa: E402
 
 EXIT_BAD_RECIPE = 2
 

@@ -28,7 +28,6 @@ import reward_fns
 
 from ..training import distributed, progress
 from ..training.callbacks import evaluation_progress, trainer_phase
-from ..training.config import SECRET_FIELDS
 from ..training.run import checkpoints, rundir
 from ..training.run import lock as run_lock
 from ..training.run.preemption import RunStopped, stop_on_signal
@@ -159,7 +158,7 @@ def write_recipe_copy(recipe: Recipe, out: Path, phases: Sequence[dict] = ()) ->
             f"# Phase {before['phase']} (steps {before['from_step'] + 1}-{after['from_step']}) "
             f"ran with {ran or 'the same values'}{missing}.\n"
         )
-    kept = {k: v for k, v in recipe.raw.items() if k not in SECRET_FIELDS}
+    kept = {k: v for k, v in recipe.raw.items() if k not in rundir.SECRET_FIELDS}
     for name in sorted(set(recipe.raw) - set(kept)):  # publish uploads this file
         header += f"# {name}: given, not written (pass it again, or set HF_TOKEN, to resume).\n"
     text = header + yaml.safe_dump(kept, sort_keys=False)

@@ -60,10 +60,6 @@ from .checks import (
 )
 from .number_checks import check_number_fields
 
-# Fields that hold a credential: never written to a file (recipe.yaml, training_args.bin) or
-# repeated in a printed command; the trainer keeps hub_token's value to itself.
-SECRET_FIELDS = frozenset({"hub_token"})
-
 # scale_rewards (TRL's knob) -> our advantage estimator.
 _SCALE_TO_ESTIMATOR = {"group": "grpo", "batch": "batch", "none": "dr_grpo"}
 # What `apply_batch_plan` rewrites (and puts back when the plan is refused).

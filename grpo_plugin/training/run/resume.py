@@ -29,7 +29,6 @@ from typing import Any
 
 from ..._compat import set_scheduler_last_lr
 from .. import cpu_threads
-from ..config.grpo_config import SECRET_FIELDS
 from . import checkpoints, rundir
 
 logger = logging.getLogger(__name__)
@@ -165,7 +164,7 @@ def _plain(value: Any) -> Any:
 def config_values(args: Any) -> dict[str, Any]:
     """Every init field of a GRPOConfig, JSON-able (transformers' `to_dict` writes into the
     config's own `model_init_kwargs`; this copies). A credential (`SECRET_FIELDS`) is left out."""
-    kept = [f.name for f in fields(args) if f.init and f.name not in SECRET_FIELDS]
+    kept = [f.name for f in fields(args) if f.init and f.name not in rundir.SECRET_FIELDS]
     return _plain({name: getattr(args, name) for name in kept})
 
 

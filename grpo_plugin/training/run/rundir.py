@@ -97,6 +97,10 @@ SAVED_BESIDE = (
 # an earlier checkpoint sets the rest aside (run/timeline.py).
 EVAL_BEFORE_KEYS = ("dataset", "reward", "splits", "before", "validation_before")
 
+# Config fields that hold a credential: in no file of the run (recipe.yaml, grpo_resume.json,
+# training_args.bin) and in no printed command; the trainer keeps hub_token's value to itself.
+SECRET_FIELDS = frozenset({"hub_token"})
+
 
 def completions_file(output_dir: str | Path, step: int) -> Path:
     return Path(output_dir) / COMPLETIONS_DIR / f"step_{step:05d}.parquet"
@@ -354,6 +358,7 @@ def write_completions_parquet(path: Path, records: dict[str, list[Any]]) -> Path
 
 
 __all__ = [
+    "SECRET_FIELDS",
     "ABANDONED_DIR",
     "CARD_FILE",
     "COMPLETIONS_DIR",
