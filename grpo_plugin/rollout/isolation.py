@@ -11,7 +11,14 @@ process can always be killed. So the rewards and tools the user wrote run in one
   holds little memory), and keeps it: a call costs a round trip over a socket.
 - **killed** (SIGKILL) when a call runs past its time limit, and forked again by the next call.
 - **watched**: a worker that dies (`os._exit`, a segfault, the kernel's OOM killer) ends the call
-  with an error naming the exit; it dies with the trainer (`PR_SET_PDEATHSIG`, Linux).
+  with an error naming the exit (out of memory where the kernel counted an OOM kill meanwhile:
+  `oom_kill` in /proc/vmstat or the cgroup's memory.events); it dies with the trainer
+  (`PR_SET_PDEATHSIG`, Linux).
+- **a process group of its own**, so that what the user's code starts (a `subprocess.Popen`)
+  goes with it: replacing or stopping the worker, and the trainer's exit, kill the whole group.
+  (A trainer killed by SIGKILL takes the worker with it, but a child of the worker lives on.)
+  Its stdin is /dev/null (a reward that reads `sys.stdin` gets EOF, never the trainer's
+  terminal), and the programs it starts get the default handling of SIGINT and SIGTERM.
 
 What the user's code sees there: the process as it was at the fork. State it keeps for itself
 (a cache, a counter) lives on across calls until the worker is replaced; what it writes into
@@ -27,6 +34,7 @@ stop there is `faulthandler`'s C timer, which needs no interpreter lock: past it
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import faulthandler
@@ -140,9 +148,26 @@ def _portable(err: BaseException) -> tuple[BaseException, str]:
         return RuntimeError(f"{type(err).__name__}: {err}"), text
 
 
+def _ignore_here(signum: int, frame: Any) -> None:
+    """The worker's SIGINT and SIGTERM: the trainer's to handle (see `_become_worker`)."""
+
+
+def _detach_stdin() -> None:
+    """The worker reads /dev/null, never the trainer's stdin (a terminal, a pipe)."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    with contextlib.suppress(Exception):
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115  (fd 0 is the process's, kept open)
+
+
 def _become_worker(parent_pid: int) -> None:
-    """Set up the forked child: die with the parent; leave Ctrl-C, SIGTERM and the watchdog's
-    signals to the trainer; one torch thread (a fork of an OpenMP pool deadlocks otherwise)."""
+    """Set up the forked child: a process group of its own, die with the parent; stdin from
+    /dev/null; leave Ctrl-C, SIGTERM and the watchdog's signals to the trainer; one torch thread
+    (a fork of an OpenMP pool deadlocks otherwise)."""
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    _detach_stdin()
     if sys.platform.startswith("linux"):
         with contextlib.suppress(Exception):
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -150,8 +175,10 @@ def _become_worker(parent_pid: int) -> None:
         os._exit(0)
     # Ctrl-C and SIGTERM (a terminal's, a scheduler's, sent to the whole process group) are the
     # trainer's to handle: it stops cleanly, and this process dies with it.
+    # Not SIG_IGN: an ignored signal stays ignored across exec, and a program the user's code
+    # starts would then outlive every Ctrl-C; a handler is reset to the default there.
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
+        signal.signal(sig, _ignore_here)
     for sig in (signal.SIGUSR2, signal.SIGALRM):
         signal.signal(sig, signal.SIG_DFL)
     faulthandler.cancel_dump_traceback_later()
@@ -202,9 +229,32 @@ def _child_main(sock: socket.socket, table: dict[int, Any], parent_pid: int) -> 
         os._exit(code)  # never the trainer's atexit handlers, nor its buffered output
 
 
-def _describe_exit(status: int) -> str:
+def oom_kills() -> int | None:
+    """How many processes the kernel's OOM killer has ended: machine-wide (/proc/vmstat) plus in
+    this process's cgroup (cgroup v2 memory.events, where a memory limit is set); None where
+    neither can be read."""
+    total, found = 0, False
+    with contextlib.suppress(OSError, ValueError):
+        for line in open("/proc/vmstat").read().splitlines():
+            if line.startswith("oom_kill "):
+                total, found = total + int(line.split()[1]), True
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        relative = open("/proc/self/cgroup").read().splitlines()[0].split(":", 2)[2]
+        events = open(f"/sys/fs/cgroup{relative.rstrip('/')}/memory.events").read()
+        for line in events.splitlines():
+            if line.startswith("oom_kill "):
+                total, found = total + int(line.split()[1]), True
+    return total if found else None
+
+
+def _describe_exit(status: int, oom_before: int | None = None) -> str:
+    """How a worker ended; `oom_before`: `oom_kills()` when it was forked."""
     if os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
+        if number == signal.SIGKILL and oom_before is not None:
+            now = oom_kills()
+            if now is not None and now > oom_before:
+                return "killed by SIGKILL: out of memory (the kernel's OOM killer ended it)"
         with contextlib.suppress(ValueError):
             return f"killed by {signal.Signals(number).name}"
         return f"killed by signal {number}"
@@ -220,6 +270,8 @@ class UserWorker:
         self._pid: int | None = None
         self._sock: socket.socket | None = None
         self._lock = threading.RLock()
+        self._oom_before: int | None = None  # oom_kills() at the fork
+        self._stops_at_exit = False
 
     @property
     def running(self) -> bool:
@@ -269,10 +321,10 @@ class UserWorker:
             if self._sock is not None:
                 self._sock.close()
             if self._pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self._pid, signal.SIGKILL)
+                _kill_group(self._pid)
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(self._pid, 0)
+                _kill_group(self._pid, reaped=True)  # what it started before the kill landed
             self._pid, self._sock = None, None
 
     def _fork(self) -> None:
@@ -288,7 +340,13 @@ class UserWorker:
             random.setstate(rng)
             _child_main(theirs, dict(self._known), parent_pid)
         theirs.close()
+        with contextlib.suppress(OSError):  # the child does it too: whichever runs first
+            os.setpgid(pid, pid)
         self._pid, self._sock = pid, ours
+        self._oom_before = oom_kills()
+        if not self._stops_at_exit:  # what the user's code started ends with the trainer too
+            atexit.register(self.stop)
+            self._stops_at_exit = True
         logger.debug("user-code worker %d forked, holding %d objects", pid, len(self._known))
 
     def _collect(self, reply: Reply, timeout: float | None) -> None:
@@ -322,6 +380,7 @@ class UserWorker:
 
     def _reap_if_ended(self) -> None:
         if self._pid is not None and os.waitpid(self._pid, os.WNOHANG)[0] == self._pid:
+            _kill_group(self._pid, reaped=True)
             self._pid = None
             self.stop()
 
@@ -331,7 +390,21 @@ class UserWorker:
         self._sock.close()
         self._sock = None
         _, status = os.waitpid(pid, 0)
-        return _describe_exit(status)
+        _kill_group(pid, reaped=True)  # its children, orphaned now
+        return _describe_exit(status, self._oom_before)
+
+
+def _kill_group(pid: int, reaped: bool = False) -> None:
+    """SIGKILL the worker's process group (the worker and what it started). Before the worker is
+    reaped, also the worker alone, where it has no group of its own yet; once reaped, its pid
+    may be another process's, and only the group (which keeps the number while a member lives)
+    is named."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        if not reaped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 _WORKER = UserWorker()

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -163,3 +164,77 @@ def test_arguments_that_cannot_travel_are_an_error_naming_the_function_and_the_w
     )
     assert "reward_fns.in_process, or set isolate_user_code=False" in str(err.value)
     assert score([length], ["abc"]).tolist() == [[3.0]]  # the worker is still there
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has ended
+
+
+def _ignored_signals(pid: int) -> int:
+    line = next(x for x in open(f"/proc/{pid}/status") if x.startswith("SigIgn:"))
+    return int(line.split()[1], 16)
+
+
+def starts_a_sleeper(prompts, completions, **kw):
+    child = subprocess.Popen(["sleep", "600"])
+    return [float(child.pid) for _ in completions]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+@pytest.mark.parametrize("how", ["replaced", "stopped"])
+def test_a_program_a_reward_starts_ends_with_its_worker_and_takes_default_signals(how):
+    pid = int(score([starts_a_sleeper], ["a"]).item())
+    assert _alive(pid)
+    ignored = _ignored_signals(pid)
+    assert not ignored & (1 << (2 - 1)) and not ignored & (1 << (15 - 1))  # SIGINT, SIGTERM
+    if how == "replaced":
+        with pytest.raises(RewardFunctionError, match="timed out"):
+            score([backtracks], ["a"], RewardChecks(timeout=1.0))
+    else:
+        isolation.shared_worker().stop()  # what the trainer's exit runs (atexit)
+    for _ in range(100):  # the kill is sent at once; the kernel ends the process soon after
+        if not _alive(pid):
+            break
+        time.sleep(0.05)
+    assert not _alive(pid)
+
+
+def reads_stdin(prompts, completions, **kw):
+    return [float(len(sys.stdin.read())) for _ in completions]
+
+
+def test_a_reward_that_reads_stdin_reads_nothing_not_the_trainers_input():
+    read, write = os.pipe()  # a stdin nobody writes to: a read there would block forever
+    saved = os.dup(0)
+    try:
+        os.dup2(read, 0)
+        isolation.shared_worker().stop()  # the next call forks a worker with this stdin
+        assert score([reads_stdin], ["a"], RewardChecks(timeout=60.0)).tolist() == [[0.0]]
+    finally:
+        os.dup2(saved, 0)
+        for fd in (saved, read, write):
+            os.close(fd)
+
+
+def killed(prompts, completions, **kw):
+    os.kill(os.getpid(), 9)
+
+
+def test_a_worker_the_kernel_killed_for_memory_says_out_of_memory(monkeypatch):
+    counts = iter([5, 6])  # at the fork, then when it ended: the kernel counted one OOM kill
+    monkeypatch.setattr(isolation, "oom_kills", lambda: next(counts))
+    isolation.shared_worker().stop()
+    with pytest.raises(
+        RewardFunctionError, match=r"\(killed by SIGKILL: out of memory \(the kernel"
+    ):
+        score([killed], ["a"])
+    monkeypatch.setattr(isolation, "oom_kills", lambda: 5)  # no OOM kill meanwhile
+    isolation.shared_worker().stop()
+    with pytest.raises(
+        RewardFunctionError, match=r"ended its worker process \(killed by SIGKILL\)"
+    ):
+        score([killed], ["a"])
