@@ -6,20 +6,18 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny_model, make_tiny_tokenizer
+from conftest import held_lock, make_tiny_model, make_tiny_tokenizer
 
 from grpo_plugin import cli
 from grpo_plugin.app import chat as chat_app
 from grpo_plugin.app.chat import ChatOptions, converse, one_line_answer, open_chat, run_sampling
 from grpo_plugin.app.recipe import RecipeError
 from grpo_plugin.training.run import rundir
-from grpo_plugin.training.run.lock import LOCK_FILE
 
 SYSTEM = "You add numbers."
 
@@ -199,16 +197,6 @@ def test_bad_run_dirs_get_one_line_before_any_model_loads(
     assert f"{cut / 'adapter_model.safetensors'}: truncated (" in _one_error_line(capsys)
 
 
-HOLD_LOCK = """
-import fcntl, json, os, sys
-fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
-fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-os.write(fd, json.dumps({"pid": os.getpid(), "host": "here", "started": "now"}).encode())
-print("held", flush=True)
-sys.stdin.read()
-"""
-
-
 def test_a_run_still_training_is_refused_and_its_newest_checkpoint_named(
     tmp_path, capsys, no_model_load, adapter_run
 ):
@@ -217,16 +205,10 @@ def test_a_run_still_training_is_refused_and_its_newest_checkpoint_named(
     checkpoint.mkdir(parents=True)
     for name in ("adapter_config.json", "adapter_model.safetensors"):
         (checkpoint / name).write_bytes((adapter_run / name).read_bytes())
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(run / LOCK_FILE)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with held_lock(run) as pid:
         assert cli.main(["chat", str(run)]) == 2
         line = _one_error_line(capsys)
-    finally:
-        holder.stdin.close()
-        holder.wait(timeout=30)
-    assert f"run dir {run} is still training (pid {holder.pid} on here" in line
+    assert f"run dir {run} is still training (pid {pid} on here" in line
     assert f"use its newest checkpoint: grpo-plugin chat {checkpoint}" in line
 
 
