@@ -65,7 +65,8 @@ def score(completions):
 
 def group_term(prompts, completions, trainer_state, **kw):  # in the worker process
     if os.environ.get("FAULT") and trainer_state.global_step == int(os.environ["FAULT_STEP"]):
-        os.killpg(os.getpgrp(), signal.SIGTERM)  # what a scheduler sends: the whole group
+        # what a scheduler sends: the trainer's whole process group (the worker has its own)
+        os.killpg(os.getpgid(os.getppid()), signal.SIGTERM)
     return score(completions)
 
 
