@@ -29,9 +29,13 @@ Dataset spec keys (all optional except where noted):
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import difflib
 import json
 import random
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -146,6 +150,21 @@ def _is_local(path: str) -> bool:
     return as_path or Path(path).suffix.lower() in LOCAL_SUFFIXES or Path(path).exists()
 
 
+@contextlib.contextmanager
+def _without_bom(path: Path) -> Iterator[Path]:
+    """`path`, or where it starts with a UTF-8 byte-order mark a copy without it (the json reader
+    of datasets' declared floor refuses one)."""
+    with path.open("rb") as f:
+        has_bom = f.read(3) == codecs.BOM_UTF8
+    if not has_bom:
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="grpo-data-") as folder:
+        copy = Path(folder) / path.name
+        copy.write_bytes(path.read_bytes()[3:])
+        yield copy
+
+
 def _load_table(path_or_hub_id: str, split: str) -> Dataset:
     """A local file (split ignored) or a Hub dataset's split."""
     from datasets import load_dataset
@@ -157,7 +176,8 @@ def _load_table(path_or_hub_id: str, split: str) -> Dataset:
         if path.suffix.lower() == ".jsonl":
             check_json_lines(path)
         try:
-            return load_dataset(builder, data_files=str(path), split="train")
+            with _without_bom(path) as readable:
+                return load_dataset(builder, data_files=str(readable), split="train")
         except Exception as err:  # datasets wraps the parser's error in a long traceback
             cause = err.__cause__ or err
             message = " ".join(str(cause).split())[:300]
