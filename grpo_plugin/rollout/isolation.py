@@ -14,8 +14,10 @@ process can always be killed. So the rewards and tools the user wrote run in one
   with an error naming the exit (out of memory where the kernel counted an OOM kill meanwhile:
   `oom_kill` in /proc/vmstat or the cgroup's memory.events); it dies with the trainer
   (`PR_SET_PDEATHSIG`, Linux).
-- **a process group of its own**, so that what the user's code starts (a `subprocess.Popen`)
-  goes with it: replacing or stopping the worker, and the trainer's exit, kill the whole group.
+- **a session of its own** (`os.setsid`: its own process group, and no terminal, so that a
+  terminal's `stty tostop` never stops a reward that prints with SIGTTOU), so that what the
+  user's code starts (a `subprocess.Popen`) goes with it: replacing or stopping the worker, and
+  the trainer's exit, kill the whole group.
   (A trainer killed by SIGKILL takes the worker with it, but a child of the worker lives on.)
   Its stdin is /dev/null (a reward that reads `sys.stdin` gets EOF, never the trainer's
   terminal), and the programs it starts get the default handling of SIGINT and SIGTERM.
@@ -162,19 +164,18 @@ def _detach_stdin() -> None:
 
 
 def _become_worker(parent_pid: int) -> None:
-    """Set up the forked child: a process group of its own, die with the parent; stdin from
+    """Set up the forked child: a session of its own, die with the parent; stdin from
     /dev/null; leave Ctrl-C, SIGTERM and the watchdog's signals to the trainer; one torch thread
     (a fork of an OpenMP pool deadlocks otherwise)."""
-    with contextlib.suppress(OSError):
-        os.setpgid(0, 0)
+    os.setsid()  # never the parent's setpgid: a group leader cannot start a session
     _detach_stdin()
     if sys.platform.startswith("linux"):
         with contextlib.suppress(Exception):
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent_pid:  # the parent died before the line above
         os._exit(0)
-    # Ctrl-C and SIGTERM (a terminal's, a scheduler's, sent to the whole process group) are the
-    # trainer's to handle: it stops cleanly, and this process dies with it.
+    # Ctrl-C and SIGTERM are the trainer's to handle (a terminal's and a group's do not reach
+    # this session; systemd's reach every process): it stops cleanly, and this one dies with it.
     # Not SIG_IGN: an ignored signal stays ignored across exec, and a program the user's code
     # starts would then outlive every Ctrl-C; a handler is reset to the default there.
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -247,14 +248,17 @@ def oom_kills() -> int | None:
     return total if found else None
 
 
+OUT_OF_MEMORY = "killed by SIGKILL: out of memory"  # how `Reply.lost` begins then
+
+
 def _describe_exit(status: int, oom_before: int | None = None) -> str:
-    """How a worker ended; `oom_before`: `oom_kills()` when it was forked."""
+    """How a worker ended; `oom_before`: `oom_kills()` when its last call began."""
     if os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
         if number == signal.SIGKILL and oom_before is not None:
             now = oom_kills()
             if now is not None and now > oom_before:
-                return "killed by SIGKILL: out of memory (the kernel's OOM killer ended it)"
+                return f"{OUT_OF_MEMORY} (the kernel's OOM killer ended it)"
         with contextlib.suppress(ValueError):
             return f"killed by {signal.Signals(number).name}"
         return f"killed by signal {number}"
@@ -270,7 +274,7 @@ class UserWorker:
         self._pid: int | None = None
         self._sock: socket.socket | None = None
         self._lock = threading.RLock()
-        self._oom_before: int | None = None  # oom_kills() at the fork
+        self._oom_before: int | None = None  # oom_kills() when the call began
         self._stops_at_exit = False
 
     @property
@@ -305,6 +309,7 @@ class UserWorker:
                     f"its arguments cannot be sent to the worker process ({err})"
                 )
                 return reply
+            self._oom_before = oom_kills()  # per call: not an OOM kill elsewhere hours ago
             try:
                 self._sock.sendall(_HEADER.pack(len(request)) + request)
                 self._collect(reply, timeout)
@@ -340,10 +345,7 @@ class UserWorker:
             random.setstate(rng)
             _child_main(theirs, dict(self._known), parent_pid)
         theirs.close()
-        with contextlib.suppress(OSError):  # the child does it too: whichever runs first
-            os.setpgid(pid, pid)
         self._pid, self._sock = pid, ours
-        self._oom_before = oom_kills()
         if not self._stops_at_exit:  # what the user's code started ends with the trainer too
             atexit.register(self.stop)
             self._stops_at_exit = True

@@ -58,6 +58,11 @@ def _timed_out(fn: Callable, timeout: float | None) -> RewardFunctionError:
 
 
 def _lost(names: str, how: str) -> RewardFunctionError:
+    if how.startswith(isolation.OUT_OF_MEMORY):  # not an exit: "never exit" would mislead
+        return RewardFunctionError(
+            f"reward function {names} ended its worker process ({how}); make it use less "
+            "memory (it scores a step's completions in one call), or give the run more."
+        )
     return RewardFunctionError(
         f"reward function {names} ended its worker process ({how}) instead of returning; a "
         "reward must return one float (or None) per completion, never exit."

@@ -4,6 +4,7 @@ trainer's process; built-ins and marked functions in the trainer's process."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -225,16 +226,118 @@ def killed(prompts, completions, **kw):
 
 
 def test_a_worker_the_kernel_killed_for_memory_says_out_of_memory(monkeypatch):
-    counts = iter([5, 6])  # at the fork, then when it ended: the kernel counted one OOM kill
+    counts = iter([5, 6])  # when the call began, then when it ended: one OOM kill counted
     monkeypatch.setattr(isolation, "oom_kills", lambda: next(counts))
     isolation.shared_worker().stop()
-    with pytest.raises(
-        RewardFunctionError, match=r"\(killed by SIGKILL: out of memory \(the kernel"
-    ):
+    with pytest.raises(RewardFunctionError) as err:
         score([killed], ["a"])
+    assert str(err.value) == (
+        "reward function 'killed' ended its worker process (killed by SIGKILL: out of memory (the "
+        "kernel's OOM killer ended it)); make it use less memory (it scores a step's completions "
+        "in one call), or give the run more."
+    )
     monkeypatch.setattr(isolation, "oom_kills", lambda: 5)  # no OOM kill meanwhile
     isolation.shared_worker().stop()
     with pytest.raises(
         RewardFunctionError, match=r"ended its worker process \(killed by SIGKILL\)"
     ):
         score([killed], ["a"])
+
+
+def test_an_oom_kill_before_the_call_is_not_this_workers(monkeypatch):
+    """The kernel counts every OOM kill of the machine: one between the fork and the call (a
+    `code_tests` program over its cap, another job) says nothing of a later `kill -9`."""
+    count = [5]
+    monkeypatch.setattr(isolation, "oom_kills", lambda: count[0])
+    isolation.shared_worker().stop()
+    assert score([length], ["abc"]).tolist() == [[3.0]]  # the worker, forked at 5
+    count[0] = 6  # an OOM kill elsewhere
+    with pytest.raises(RewardFunctionError, match=r"worker process \(killed by SIGKILL\) instead"):
+        score([killed], ["a"])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a pty of Linux")
+def test_a_reward_that_prints_to_a_terminal_with_tostop_is_not_stopped():
+    """`stty tostop`: a background process group that writes to its terminal gets SIGTTOU and
+    stops. The worker has no terminal (a session of its own), so a reward that prints returns."""
+    import fcntl
+    import termios
+
+    script = textwrap.dedent(
+        """
+        import fcntl, sys, termios, torch
+        from grpo_plugin.training.rewards.scoring import RewardChecks, RewardScorer
+
+        def prints(prompts, completions, **kw):
+            print("scoring", len(completions), flush=True)
+            return [1.0 for _ in completions]
+
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # the pty is this session's terminal
+        scorer = RewardScorer((prints,), torch.ones(1), RewardChecks(timeout=60.0))
+        try:
+            print("answer", scorer.score_columns(["p"], ["a"], [[1]], {}).tolist(), flush=True)
+        except Exception as err:
+            print("answer", err, flush=True)
+        """
+    )
+    leader, follower = os.openpty()
+    attrs = termios.tcgetattr(follower)
+    attrs[3] |= termios.TOSTOP
+    termios.tcsetattr(follower, termios.TCSANOW, attrs)
+    fcntl.fcntl(leader, fcntl.F_SETFL, os.O_NONBLOCK)
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=follower, stdout=follower, stderr=follower,
+        start_new_session=True,
+    )  # fmt: skip
+    os.close(follower)
+    assert trainer.wait(timeout=180) == 0
+    output = b""
+    with contextlib.suppress(OSError):  # EIO: the terminal's last writer has ended
+        while chunk := os.read(leader, 1 << 16):
+            output += chunk
+    os.close(leader)
+    lines = output.decode().splitlines()
+    assert [line for line in lines if line.startswith("answer")] == ["answer [[1.0]]"], lines
+
+
+@pytest.fixture
+def memory_cgroup():
+    """A cgroup of 400 MiB to run a trainer in, as the `code_tests` sandbox makes its own."""
+    from reward_fns import sandbox_cgroup
+
+    found = sandbox_cgroup.hierarchy()
+    if found is None:
+        pytest.skip("no cgroup can be made here")
+    cgroup = sandbox_cgroup.RunCgroup(found, 400 << 20, 64)
+    yield cgroup
+    cgroup.kill_all()
+    cgroup.remove()
+
+
+def test_a_reward_over_its_cgroups_memory_limit_ran_out_of_memory(memory_cgroup):
+    """The kernel's OOM killer itself (no faked count), under a cgroup's memory limit."""
+    script = textwrap.dedent(
+        """
+        import torch
+        from grpo_plugin.training.rewards.scoring import RewardChecks, RewardScorer
+
+        def eats_memory(prompts, completions, **kw):
+            chunks = []
+            while True:
+                chunks.append(bytearray(16 << 20))
+
+        scorer = RewardScorer((eats_memory,), torch.ones(1), RewardChecks(timeout=120.0))
+        try:
+            scorer.score_columns(["p"], ["a"], [[1]], {})
+        except Exception as err:
+            print(err)
+        """
+    )
+    argv = memory_cgroup.wrap([sys.executable, "-c", script])
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        "reward function 'eats_memory' ended its worker process (killed by SIGKILL: out of "
+        "memory (the kernel's OOM killer ended it)); make it use less memory (it scores a step's "
+        "completions in one call), or give the run more."
+    )
