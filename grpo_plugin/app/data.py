@@ -29,18 +29,21 @@ Dataset spec keys (all optional except where noted):
 
 from __future__ import annotations
 
-import codecs
-import contextlib
 import difflib
-import json
 import random
-import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from datasets import Dataset
+
+from .data_files import (
+    LOCAL_SUFFIXES,
+    check_json_lines,
+    first_record_columns,
+    require_file,
+    without_bom,
+)
 
 ARITHMETIC_TEMPLATE = "What is {a} + {b}?"
 OPERATIONS = {"+": lambda a, b: a + b, "*": lambda a, b: a * b}
@@ -50,7 +53,6 @@ GSM8K_SYSTEM_PROMPT = (
     "Solve the math problem step by step. "
     "End with the final answer on its own line as: #### <number>"
 )
-LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 BUILTIN_NAMES = ("arithmetic", "gsm8k")
 _SIZES = {"train_size", "eval_size", "validation_size"}
 _COMMON_KEYS = {"name", "path", "split", "eval_path", "eval_split", *_SIZES}
@@ -150,33 +152,18 @@ def _is_local(path: str) -> bool:
     return as_path or Path(path).suffix.lower() in LOCAL_SUFFIXES or Path(path).exists()
 
 
-@contextlib.contextmanager
-def _without_bom(path: Path) -> Iterator[Path]:
-    """`path`, or where it starts with a UTF-8 byte-order mark a copy without it (the json reader
-    of datasets' declared floor refuses one)."""
-    with path.open("rb") as f:
-        has_bom = f.read(3) == codecs.BOM_UTF8
-    if not has_bom:
-        yield path
-        return
-    with tempfile.TemporaryDirectory(prefix="grpo-data-") as folder:
-        copy = Path(folder) / path.name
-        copy.write_bytes(path.read_bytes()[3:])
-        yield copy
-
-
 def _load_table(path_or_hub_id: str, split: str) -> Dataset:
     """A local file (split ignored) or a Hub dataset's split."""
     from datasets import load_dataset
 
     if _is_local(path_or_hub_id):
         path = Path(path_or_hub_id)
-        _require_file(path)
+        require_file(path)
         builder = LOCAL_SUFFIXES.get(path.suffix.lower(), "json")
         if path.suffix.lower() == ".jsonl":
             check_json_lines(path)
         try:
-            with _without_bom(path) as readable:
+            with without_bom(path) as readable:
                 return load_dataset(builder, data_files=str(readable), split="train")
         except Exception as err:  # datasets wraps the parser's error in a long traceback
             cause = err.__cause__ or err
@@ -244,59 +231,6 @@ def require_columns(dataset: Dataset, required: list[str]) -> None:
         )
 
 
-def _require_file(path: Path) -> None:
-    if path.is_dir():
-        raise ValueError(
-            f"dataset path {str(path)!r} is a folder; give a {'/'.join(LOCAL_SUFFIXES)} file"
-        )
-    if not path.is_file():
-        raise ValueError(f"dataset file {str(path)!r} does not exist; fix the path")
-
-
-def _json_record(path: Path, number: int, line: str) -> dict[str, Any]:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise ValueError(
-            f"{path}:{number}: not valid JSON ({err.msg} at column {err.colno}); fix or delete "
-            "that line."
-        ) from None
-    if not isinstance(record, dict):
-        raise ValueError(
-            f"{path}:{number}: a record must be a JSON object ({{...}}), got "
-            f"{type(record).__name__}."
-        )
-    return record
-
-
-def check_json_lines(path: Path) -> None:
-    """Every non-blank line of a .jsonl file is a JSON object; the first bad one is named."""
-    try:
-        with path.open(encoding="utf-8-sig") as f:  # a byte-order mark is not part of line 1
-            for number, line in enumerate(f, 1):
-                if line.strip():
-                    _json_record(path, number, line)
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}).") from None
-
-
-def first_record_columns(path: Path) -> list[str] | None:
-    """Column names from the first record of a local file (None when not cheap to tell)."""
-    suffix = path.suffix.lower()
-    if suffix == ".jsonl":
-        with path.open(encoding="utf-8-sig", errors="replace") as f:
-            line = f.readline().strip()
-        return list(_json_record(path, 1, line)) if line else []
-    if suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return list(pq.read_schema(path).names)
-    if suffix == ".csv":
-        with path.open(encoding="utf-8-sig", errors="replace") as f:
-            return [c.strip() for c in f.readline().split(",")]
-    return None
-
-
 def _check_unknown_keys(spec: dict[str, Any], name: str | None) -> None:
     allowed = _KEYS_BY_NAME[name]
     for key in spec:
@@ -313,7 +247,7 @@ def _check_local_source(path: str, required: list[str]) -> None:
     if not _is_local(path):
         return  # a Hub id: checked when loaded
     file = Path(path)
-    _require_file(file)
+    require_file(file)
     columns = first_record_columns(file)
     missing = [c for c in required if columns is not None and c not in columns]
     if missing:
