@@ -57,7 +57,7 @@ def main() -> None:
 
     from grpo_plugin.app.data import arithmetic_dataset
     from grpo_plugin.engine.rollout_copy import RolloutCopy
-    from grpo_plugin.models import embedded_cache_path
+    from grpo_plugin.models.embedded import embedded_cache_path
     from grpo_plugin.rollout.prompts import encode_prompts
 
     model = build_policy(None).to(opts.device)

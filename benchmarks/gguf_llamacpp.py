@@ -47,7 +47,7 @@ def hf_greedy(
 ) -> list[list[int]]:
     import torch
 
-    from grpo_plugin.training.publish.weights import merged_model
+    from grpo_plugin.publish.weights import merged_model
 
     model = merged_model(run_dir).eval()
     out = []
@@ -108,8 +108,8 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
+    from grpo_plugin.publish.gguf import export_gguf
     from grpo_plugin.rollout.prompts import encode_prompts
-    from grpo_plugin.training.publish.gguf import export_gguf
 
     rows, reward, max_new = held_out(args.run_dir)
     tokenizer = AutoTokenizer.from_pretrained(args.run_dir)

@@ -154,7 +154,7 @@ def phase_big_model(opts, work: Path) -> Path:
 def embedded_dir(opts) -> str:
     if opts.model_dir:
         return opts.model_dir
-    from grpo_plugin.models import EMBEDDED_NAME, resolve_model_path
+    from grpo_plugin.models.embedded import EMBEDDED_NAME, resolve_model_path
 
     return resolve_model_path(EMBEDDED_NAME)
 

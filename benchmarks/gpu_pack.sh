@@ -21,7 +21,7 @@ download() {
 download "$PACK/a" trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 gguf==0.19.0 peft==0.21.2
 download "$PACK/c" bitsandbytes==0.50.2
 head -n 64 "${GSM8K_TRAIN:-../shared/data/gsm8k/train.jsonl}" >"$PACK/a/gsm8k_train.jsonl"
-GGUF=$("$PY" -c "from grpo_plugin.models import embedded_gguf_path; print(embedded_gguf_path())")
+GGUF=$("$PY" -c "from grpo_plugin.models.embedded import embedded_gguf_path; print(embedded_gguf_path())")
 basename "$GGUF" >"$PACK/a/gguf.name"
 sha256sum "$GGUF" | cut -d' ' -f1 >"$PACK/a/gguf.sha256"
 split -n 2 -d -a 1 "$GGUF" "$PACK/a/gguf.part"

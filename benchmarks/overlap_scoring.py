@@ -39,7 +39,7 @@ def build(opts, out_dir: str):
 
     from grpo_plugin import GRPOConfig, GRPOTrainer
     from grpo_plugin.app.data import arithmetic_dataset
-    from grpo_plugin.models import EMBEDDED_NAME
+    from grpo_plugin.models.embedded import EMBEDDED_NAME
 
     train = arithmetic_dataset(n_train=64, n_eval=8)[0]
     args = GRPOConfig(output_dir=out_dir, num_generations=8, per_device_train_batch_size=64,

@@ -64,7 +64,7 @@ def main() -> None:
     opts = p.parse_args()
     from transformers import AutoTokenizer
 
-    from grpo_plugin.models import embedded_cache_path
+    from grpo_plugin.models.embedded import embedded_cache_path
 
     torch.manual_seed(0)
     policy = build_policy(None).train()

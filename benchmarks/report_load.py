@@ -37,7 +37,7 @@ def text(rng: random.Random, chars: int) -> str:
 
 
 def synthetic_run(root: Path, opts) -> Path:
-    from grpo_plugin.training.run import rundir
+    from grpo_plugin.run import rundir
 
     rng = random.Random(0)
     g = opts.group_size
@@ -96,7 +96,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--browser", default=shutil.which("chromium") or "chromium")
     opts = parser.parse_args()
-    from grpo_plugin.training.publish.report import write_report
+    from grpo_plugin.publish.report import write_report
 
     with tempfile.TemporaryDirectory() as tmp:
         run = synthetic_run(Path(tmp), opts)

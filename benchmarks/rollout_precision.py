@@ -42,7 +42,7 @@ def write_report(report: dict, out: str | None) -> None:
 def build_policy(adapter: str | None):
     from peft import LoraConfig, get_peft_model
 
-    from grpo_plugin.training.policy import load_adapter, load_model
+    from grpo_plugin.models.policy import load_adapter, load_model
 
     base = load_model("embedded:smollm2-135m-instruct", {"dtype": torch.float32})
     if adapter:
@@ -102,7 +102,7 @@ def main() -> None:
 
     from grpo_plugin.app.data import arithmetic_dataset
     from grpo_plugin.engine.rollout_copy import RolloutCopy
-    from grpo_plugin.models import embedded_cache_path
+    from grpo_plugin.models.embedded import embedded_cache_path
     from grpo_plugin.rollout.prompts import encode_prompts
 
     policy = build_policy(opts.adapter)

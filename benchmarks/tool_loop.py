@@ -87,9 +87,9 @@ def main() -> None:
     from grpo_plugin.app.data import load_prompt_datasets
     from grpo_plugin.app.recipe import load_recipe
     from grpo_plugin.app.recipe_checks import recipe_tools
+    from grpo_plugin.models.policy import load_policy
     from grpo_plugin.rollout.noise import KeyedNoise, RolloutKey
-    from grpo_plugin.training.policy import load_policy
-    from grpo_plugin.training.sampling.tools import ToolInputs
+    from grpo_plugin.training.sampling.tool_inputs import ToolInputs
 
     recipe = load_recipe(args.recipe)
     train, _ = load_prompt_datasets(recipe.args.dataset)

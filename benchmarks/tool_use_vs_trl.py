@@ -93,7 +93,7 @@ def run_child(trainer_name: str, steps: int, precision: str) -> dict[str, Any]:
     from peft import LoraConfig
     from transformers import AutoTokenizer, TrainerCallback
 
-    from grpo_plugin.models import embedded_cache_path
+    from grpo_plugin.models.embedded import embedded_cache_path
 
     torch.set_num_threads(2)
     parts = recipe_parts()

@@ -1,4 +1,4 @@
-"""What the worker process for the user's code costs (`rollout/isolation.py`, docs/rewards.md).
+"""What the worker process for the user's code costs (`user_code/worker.py`, docs/rewards.md).
 
     python benchmarks/user_code_worker.py                # the demo's rollout: 64 completions
     python benchmarks/user_code_worker.py --rounds 200   # more rounds for the median
@@ -24,10 +24,10 @@ import time
 import torch
 from machine import cpu_name
 
-from grpo_plugin.rollout import isolation
-from grpo_plugin.rollout.tools import Tool, run_calls, toolbox
+from grpo_plugin.rollout.tool_calls import Tool, run_calls, toolbox
 from grpo_plugin.rollout.types import ToolCall
-from grpo_plugin.training.rewards.scoring import RewardChecks, RewardScorer
+from grpo_plugin.scoring.scorer import RewardChecks, RewardScorer
+from grpo_plugin.user_code import worker as isolation
 
 
 def last_number(prompts, completions, answer, **kwargs):
@@ -126,7 +126,7 @@ def time_training(steps: int) -> None:
 
     from grpo_plugin import GRPOConfig, GRPOTrainer
     from grpo_plugin.app.data import arithmetic_dataset
-    from grpo_plugin.models import EMBEDDED_NAME
+    from grpo_plugin.models.embedded import EMBEDDED_NAME
 
     train = arithmetic_dataset(n_train=64, n_eval=8)[0]
     with tempfile.TemporaryDirectory() as out:

@@ -286,7 +286,7 @@ def machine_facts() -> dict[str, Any]:
 
 def run_parent(opts) -> dict[str, Any]:
     if opts.model_dir is None:
-        from grpo_plugin.models import EMBEDDED_NAME, resolve_model_path
+        from grpo_plugin.models.embedded import EMBEDDED_NAME, resolve_model_path
 
         opts.model_dir = resolve_model_path(EMBEDDED_NAME)  # one local dir for both trainers
     out = Path(opts.out)

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING
 from ._version import __version__
 
 _EXPORTS = {
-    "GRPOConfig": "grpo_plugin.training.config.grpo_config",
+    "GRPOConfig": "grpo_plugin.config.grpo_config",
     "GRPOTrainer": "grpo_plugin.training.trainer",
-    "load_policy": "grpo_plugin.training.policy",
-    "EvalSettings": "grpo_plugin.training.evaluation.engine",
+    "load_policy": "grpo_plugin.models.policy",
+    "EvalSettings": "grpo_plugin.evaluation.evaluator",
     "SamplingParams": "grpo_plugin.rollout.types",
-    "evaluate": "grpo_plugin.training.evaluation.engine",
+    "evaluate": "grpo_plugin.evaluation.evaluator",
     "run_recipe": "grpo_plugin.app.pipeline",
     "load_recipe": "grpo_plugin.app.recipe",
     "ArithmeticProblems": "grpo_plugin.app.data",
@@ -51,10 +51,10 @@ if TYPE_CHECKING:
     from .app.data import ArithmeticProblems, arithmetic_dataset, gsm8k_dataset
     from .app.pipeline import run_recipe
     from .app.recipe import load_recipe
+    from .config.grpo_config import GRPOConfig
+    from .evaluation.evaluator import EvalSettings, evaluate
+    from .models.policy import load_policy
     from .rollout.types import SamplingParams
-    from .training.config.grpo_config import GRPOConfig
-    from .training.evaluation.engine import EvalSettings, evaluate
-    from .training.policy import load_policy
     from .training.trainer import GRPOTrainer
 
 

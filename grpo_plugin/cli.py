@@ -38,7 +38,7 @@ quiet_bnb_kernel_warnings()  # before anything imports bitsandbytes
 from .app import arguments  # noqa: E402
 from .app.recipe import RecipeError, load_recipe, one_line, recipe_parser  # noqa: E402
 from .app.recipe_checks import check_recipe  # noqa: E402
-from .training.run.rundir import SECRET_FIELDS  # noqa: E402
+from .run.rundir import SECRET_FIELDS  # noqa: E402
 
 EXIT_BAD_RECIPE = 2
 
@@ -118,8 +118,8 @@ def train_command(argv: Sequence[str], *flags: str) -> str:
 def aborted_line(argv: Sequence[str], output_dir: str) -> str:
     """What to run after an abort: resume from the newest complete checkpoint, else start over
     (over the aborted run's records, or, when it left nothing a run would lose, plainly)."""
-    from .training.run.checkpoints import has_complete
-    from .training.run.lock import previous_run_files
+    from .run.checkpoints import has_complete
+    from .run.lock import previous_run_files
 
     if has_complete(output_dir):
         return f"Aborted without saving this step. To resume: {resume_command(argv)}"
@@ -133,8 +133,8 @@ def aborted_line(argv: Sequence[str], output_dir: str) -> str:
 
 def stopped_line(stop, argv: Sequence[str], output_dir: str) -> str:
     """One line after a SIGTERM outside the training steps: what happened, what to run next."""
-    from .training.run.checkpoints import has_complete
-    from .training.run.lock import previous_run_files
+    from .run.checkpoints import has_complete
+    from .run.lock import previous_run_files
 
     if has_complete(output_dir):
         return f"{stop} To resume: {resume_command(argv)}"
@@ -145,7 +145,7 @@ def stopped_line(stop, argv: Sequence[str], output_dir: str) -> str:
 
 def disk_full_line(err: BaseException, output_dir: str | None) -> str | None:
     """One line for a full disk (None: `err` is something else)."""
-    from .training.run.checkpoints import CheckpointWriteError, no_space, space_error
+    from .run.checkpoints import CheckpointWriteError, no_space, space_error
 
     if isinstance(err, CheckpointWriteError):
         return str(err)
@@ -165,10 +165,10 @@ def cmd_train(argv: Sequence[str]) -> int:
         recipe_parser().print_help()
         return 0
     from .app.preflight import RunFinished, prepare_run
-    from .models import EmbeddedModelMissing
-    from .training.distributed import failures_shared, process_state
-    from .training.rewards.scoring import RewardFunctionError
-    from .training.run.preemption import RunStopped, TrainingInterrupted
+    from .distributed import failures_shared, process_state
+    from .models.embedded import EmbeddedModelMissing
+    from .run.preemption import RunStopped, TrainingInterrupted
+    from .scoring.scorer import RewardFunctionError
 
     recipe = None
     try:
@@ -209,7 +209,7 @@ def cmd_train(argv: Sequence[str]) -> int:
         where = recipe.config.output_dir if recipe is not None else None
         print(aborted_line(argv, where) if where else "Aborted.", file=sys.stderr)
         return 128 + signal.SIGINT
-    from .training.distributed import is_main_process
+    from .distributed import is_main_process
 
     if is_main_process():  # under `accelerate launch`, one summary, not one per process
         from .app.chat import example_question
@@ -225,8 +225,8 @@ def cmd_train(argv: Sequence[str]) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from .app.eval_model import EvalRequest, evaluate_model
-    from .models import EmbeddedModelMissing
-    from .training.rewards.scoring import RewardFunctionError
+    from .models.embedded import EmbeddedModelMissing
+    from .scoring.scorer import RewardFunctionError
 
     try:
         request = EvalRequest(
@@ -268,7 +268,7 @@ def _typed_lines(prompt: str = "> "):
 def cmd_answer(args: argparse.Namespace) -> int:
     """`chat` and `generate`: the run's model answers."""
     from .app.chat import ChatOptions, converse, open_chat
-    from .models import EmbeddedModelMissing
+    from .models.embedded import EmbeddedModelMissing
 
     if args.command == "generate" and not args.prompt.strip():
         return fail(
@@ -298,7 +298,7 @@ def cmd_answer(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .training.publish.report import ReportError, write_report
+    from .publish.report import ReportError, write_report
 
     try:
         path = write_report(args.run_dir, args.out)
@@ -333,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from .training.publish.gguf import export_gguf
+    from .publish.gguf import export_gguf
 
     try:
         paths = export_gguf(args.run_dir, args.out, args.gguf, overwrite=args.overwrite)
@@ -349,7 +349,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def publish_from_args(args: argparse.Namespace) -> int:
     """Run `publish` from parsed CLI args; print the URL, or one error line. Returns an exit code."""
-    from .training.publish.hub import HubPublishError, PublishOptions, publish
+    from .publish.hub import HubPublishError, PublishOptions, publish
 
     options = PublishOptions(
         private=args.private,

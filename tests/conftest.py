@@ -108,7 +108,7 @@ def make_bpe_tokenizer(arch: str):
     from transformers import PreTrainedTokenizerFast
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
-    from grpo_plugin.training.publish.gguf_vocab import LLAMA3_SPLIT
+    from grpo_plugin.publish.gguf_vocab import LLAMA3_SPLIT
 
     split = PRETOKENIZE_REGEX if arch == "qwen2" else LLAMA3_SPLIT
     backend = Tokenizer(models.BPE())
@@ -311,7 +311,7 @@ def held_lock(run_dir: Path):
     import subprocess
     import sys
 
-    from grpo_plugin.training.run.rundir import LOCK_FILE
+    from grpo_plugin.run.rundir import LOCK_FILE
 
     run_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-c", _HOLD_LOCK, str(run_dir / LOCK_FILE)]
@@ -416,7 +416,7 @@ def write_run_files(path, run_info=RUN_INFO, evaluation=EVAL, steps=40):
 @pytest.fixture
 def run_dir(tmp_path):
     """A run dir with hand-written run files and its curve."""
-    from grpo_plugin.training.publish.plot import plot_reward_curve
+    from grpo_plugin.publish.plot import plot_reward_curve
 
     path = write_run_files(tmp_path / "run")
     plot_reward_curve(path)

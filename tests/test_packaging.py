@@ -32,7 +32,7 @@ def test_wheel_holds_every_module(wheel):
 
 def test_wheel_holds_the_report_page(wheel):
     """report.html is built from a page that is not a module: it must travel too."""
-    page = "grpo_plugin/training/publish/report_page.html"
+    page = "grpo_plugin/publish/report_page.html"
     assert page in set(wheel.namelist())
     assert wheel.read(page) == (REPO_ROOT / page).read_bytes()
 

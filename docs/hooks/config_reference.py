@@ -2,7 +2,7 @@
 
 `docs/reference/config.md` holds the marker below; this hook replaces it with two tables built
 from `dataclasses.fields(GRPOConfig)`, so the field docs are written once (in
-`grpo_plugin/training/config/grpo_config.py`) and cannot drift:
+`grpo_plugin/config/grpo_config.py`) and cannot drift:
 
 1. every field that `transformers.TrainingArguments` does not have (grpo-plugin's own and TRL's),
    with a column saying whether TRL 1.16's `GRPOConfig` has a field of that name;

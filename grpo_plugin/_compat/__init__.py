@@ -28,14 +28,14 @@ library internals: it calls these helpers.
 | `lora_variant_fields`               | peft 0.21 picks a LoRA variant (DoRA, aLoRA, Arrow, MiCA, ...) from `LoraConfig` fields tagged `is_lora_variant` in their metadata (and `init_lora_weights` values listed there); read before the model loads, to refuse a rollout copy that cannot follow the variant | peft exposes a public "which variant" call on a config |
 | `moe_router_config` (`_of` a config), `moe_load_balancing_loss` | transformers 5.x MoE models keep the load-balancing loss in each modeling module and the expert counts on the `ForCausalLM` | transformers exposes one public aux-loss API |
 | `training_args_dict_fields`         | transformers 5.x turns JSON-string fields (`'{...}'`) into dicts in `TrainingArguments.__post_init__` only for those in its private `_VALID_DICT_FIELDS`; GRPOConfig extends that list with its own dict fields | transformers parses every dict-typed field, or lists them publicly |
-| `set_scheduler_last_lr`             | torch 2.13 `LRScheduler.get_last_lr()` returns private `_last_lr`, set only by `step()` (which counts a step and may warn); a schedule evaluated again at a resumed step (`training/run/resume.py`) sets it | torch can evaluate a schedule at a given step publicly |
+| `set_scheduler_last_lr`             | torch 2.13 `LRScheduler.get_last_lr()` returns private `_last_lr`, set only by `step()` (which counts a step and may warn); a schedule evaluated again at a resumed step (`run/resume.py`) sets it | torch can evaluate a schedule at a given step publicly |
 
 The policy's fast paths (`PackedBf16Linear`, `fp16_weight_linear`, the packed rows' SDPA entry,
 the fused LoRA forward) live in `grpo_plugin/engine/`, each a lever with an admission check
 against the reference path (`engine/levers.py`); they may read library internals there too.
 
 Private `transformers.Trainer` methods the trainer overrides (in `training/trainer.py`, the logic in
-`training/run/lifecycle.py`), checked against transformers 5.24:
+`run/lifecycle.py`), checked against transformers 5.24:
 
 | override                             | why                                   | remove when                    |
 |--------------------------------------|---------------------------------------|--------------------------------|
@@ -61,7 +61,7 @@ import torch
 
 from .._logging import warn_once
 from .cache import cache_tensors, dynamic_cache_of  # noqa: F401  (re-exported: their row)
-from .lora import (  # noqa: F401  (re-exported: their rows of the table)
+from .lora_options import (  # noqa: F401  (re-exported: their rows of the table)
     LORA_INIT_OPTIONS,
     lora_init_known,
     lora_variant_fields,

@@ -46,7 +46,7 @@ def add_eval_arguments(sub) -> None:
 
 
 def add_export_arguments(sub) -> None:
-    from ..training.publish.gguf import QUANT_TYPES
+    from ..publish.gguf import QUANT_TYPES
 
     p = sub.add_parser("export", help="write a run as a GGUF (llama.cpp, Ollama) + a Modelfile")
     p.add_argument("run_dir", help="a training run's output dir (or a checkpoint-N dir)")

@@ -30,10 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..models import weight_files
 from ..rollout.types import GroupSampling, SamplingParams
-from ..training import inputs, weight_files
-from ..training.run import checkpoints, rundir
-from ..training.run.lock import lock_holder
+from ..run import checkpoints, rundir
+from ..run.lock import lock_holder
+from ..training import inputs
 from .recipe import RecipeError, one_line
 
 logger = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ class ChatOptions:
 
 
 def _newest_with_weights(run: Path) -> Path | None:
-    from ..training.publish.weights import model_kind
+    from ..publish.weights import model_kind
 
     for folder in reversed(checkpoints.checkpoints(run)):
         try:
@@ -70,7 +71,7 @@ def _newest_with_weights(run: Path) -> Path | None:
 def check_run_dir(run_dir: str | Path, command: str = "chat") -> Path:
     """The run dir, checked before anything loads; `RecipeError` (one line) when it cannot
     answer: missing, still training, no weights, or an adapter whose base is gone."""
-    from ..training.publish.weights import base_model_ref, model_kind
+    from ..publish.weights import base_model_ref, model_kind
 
     run = Path(run_dir).expanduser()
     if not run.is_dir():
@@ -221,8 +222,8 @@ class RunChat:
         without a chat template, reads the last user message as plain text)."""
         import torch
 
+        from ..models.policy import eval_mode
         from ..rollout.prompts import sample_groups
-        from ..training.policy import eval_mode
 
         self.check_fits(messages)  # never cut from the left without a word
         prompt = self._prompt(messages)
@@ -239,7 +240,7 @@ def open_chat(run_dir: str | Path, options: ChatOptions, command: str = "chat") 
     """Check the run dir (one-line `RecipeError`s), then load its model."""
     import torch
 
-    from ..training.publish.weights import trained_policy
+    from ..publish.weights import trained_policy
 
     run = check_run_dir(run_dir, command)
     info = rundir.load_run_info(run)

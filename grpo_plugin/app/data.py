@@ -178,7 +178,7 @@ def _load_hub_dataset(hub_id: str, config: str | None, split: str) -> Dataset:
     copy can be used (`datasets` retried for half a minute, then raised ConnectionError)."""
     from datasets import load_dataset
 
-    from ..training import hub_access
+    from ..models import hub_access
 
     local = (
         "set its path and eval_path to local files (a recipe: --dataset.path TRAIN.jsonl "

@@ -1,5 +1,5 @@
 """`grpo-plugin eval`: greedy accuracy and pass@k of a model (and adapter) on a dataset spec, with
-the tools it may call; the evaluation engine is `training/evaluation/engine.py`'s `evaluate`.
+the tools it may call; the evaluator is `evaluation/evaluator.py`'s `evaluate`.
 Every bad argument is a `RecipeError` (one line, exit code 2) before the model loads."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from ..training import inputs
-from ..training.run import rundir
+from ..models import model_source
+from ..run import rundir
 from .data import dataset_label
 from .recipe import RecipeError, one_line
 
@@ -50,16 +50,16 @@ def _base_of_adapter(adapter: str) -> str:
 
 def _default_checks():
     """GRPOConfig's default reward checks (reward_timeout, nan_rewards_as_unscored)."""
-    from ..training.config.grpo_config import GRPOConfig
-    from ..training.rewards.scoring import RewardChecks
+    from ..config.grpo_config import GRPOConfig
+    from ..scoring.scorer import RewardChecks
 
     defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
     return RewardChecks.from_args(SimpleNamespace(**defaults))
 
 
 def _check_request(request: EvalRequest, tool_options: Any) -> None:
-    from ..training.config.checks import check_tools
-    from ..training.evaluation.setup import check_eval_options
+    from ..config.field_checks import check_tools
+    from ..evaluation.setup import check_eval_options
 
     check_eval_options(request.options(), name=lambda key: "--" + key.replace("_", "-"))
     size = request.eval_size
@@ -68,7 +68,7 @@ def _check_request(request: EvalRequest, tool_options: Any) -> None:
     if request.tools and tool_options is not None:
         check_tools(tool_options)  # --tool-timeout, --max-tool-result-length, ...
     if request.adapter:
-        inputs.check_adapter_dir(request.adapter)
+        model_source.check_adapter_dir(request.adapter)
 
 
 def _held_out(request: EvalRequest) -> tuple[Any, dict[str, Any]]:
@@ -90,10 +90,10 @@ def evaluate_model(request: EvalRequest, tool_options: Any = None) -> dict[str, 
     """Greedy accuracy and pass@k of `request`'s model on its dataset (`tool_options`: an object
     with the `GRPOConfig` tool fields, e.g. the parsed flags); bad arguments raise `RecipeError`
     before the model loads."""
-    from ..training.evaluation.engine import EvalRuntime, EvalSettings, evaluate
-    from ..training.policy import load_adapter, load_policy
-    from ..training.rewards.reward_models import resolve_reward_name
-    from ..training.sampling.tools import ToolInputs
+    from ..evaluation.evaluator import EvalRuntime, EvalSettings, evaluate
+    from ..models.policy import load_adapter, load_policy
+    from ..scoring.reward_models import resolve_reward_name
+    from ..training.sampling.tool_inputs import ToolInputs
 
     try:
         _check_request(request, tool_options)
@@ -103,7 +103,7 @@ def evaluate_model(request: EvalRequest, tool_options: Any = None) -> dict[str, 
         if not model_name:
             raise RecipeError("pass --model (or --adapter DIR of a grpo-plugin run)")
         tool_inputs = ToolInputs.check(list(request.tools) or None, None, None)
-        inputs.check_model_source(model_name)  # as `train` checks it: before anything loads
+        model_source.check_model_source(model_name)  # as `train` checks it: before anything loads
     except (ValueError, TypeError, KeyError) as err:
         raise RecipeError(one_line(err)) from err
     policy, tokenizer = load_policy(model_name, load_in_4bit=request.load_in_4bit)

@@ -26,12 +26,13 @@ import yaml
 
 import reward_fns
 
-from ..training import distributed, progress
+from .. import distributed
+from ..run import checkpoints, rundir
+from ..run import lock as run_lock
+from ..run.preemption import RunStopped, stop_on_signal
+from ..run.resume import ResumeRefused
+from ..training import progress
 from ..training.callbacks import evaluation_progress, trainer_phase
-from ..training.run import checkpoints, rundir
-from ..training.run import lock as run_lock
-from ..training.run.preemption import RunStopped, stop_on_signal
-from ..training.run.resume import ResumeRefused
 from .data import dataset_hub_ids, dataset_label
 from .preflight import RecipeData, prepare_run
 from .recipe import Recipe, RecipeError, load_recipe, one_line
@@ -67,7 +68,7 @@ def _eval_reward(recipe: Recipe, rewards: list[Callable]) -> Callable:
 
 
 def _evaluate(trainer, dataset, reward_fn: Callable, recipe: Recipe, label: str) -> dict[str, Any]:
-    from ..training.evaluation.engine import EvalRuntime, EvalSettings, evaluate
+    from ..evaluation.evaluator import EvalRuntime, EvalSettings, evaluate
 
     c = recipe.config
     spec = {k: v for k, v in (recipe.args.eval or {}).items() if k not in ("reward", "before")}
@@ -95,7 +96,7 @@ def _evaluate(trainer, dataset, reward_fn: Callable, recipe: Recipe, label: str)
 
 
 def _build_trainer(recipe: Recipe, rewards: list[Callable], data: RecipeData):
-    from ..training.policy import lora_config
+    from ..models.policy import lora_config
     from ..training.trainer import GRPOTrainer
 
     # the recipe's config is its own (the parser built it): load_in_4bit goes into it
@@ -125,7 +126,7 @@ def training_evaluations(
     weights it measured), `best_step` and `best_metric` when a best model was tracked, and the
     reward-hacking `alarms`; `watch` is the trainer's `eval_watch.summary`, `state` its
     `TrainerState` (the log history and the step)."""
-    from ..training.evaluation.curve import build_curve
+    from ..evaluation.curve import build_curve
 
     after_step = watch.get("weights_step", state.global_step)
     history = state.log_history
@@ -267,7 +268,7 @@ def _before(trainer, recipe: Recipe, data: RecipeData, eval_fn: Callable, out: P
 def _load(recipe: Recipe, rewards: list[Callable], data: RecipeData):
     """The trainer, its model loaded, shown as a phase (before the trainer and its callbacks
     exist; later phases go through them). A first use of the embedded model converts it earlier,
-    in preflight, under transformers' own bar and `models.py`'s log lines."""
+    in preflight, under transformers' own bar and `models/embedded.py`'s log lines."""
     shown = not recipe.config.disable_tqdm and distributed.is_main_process()
     label = f"Loading {recipe.args.model}"
     # policy.load_model logs the start and the end; the live line shows the wait in between
@@ -293,9 +294,9 @@ def _run(recipe: Recipe, rewards: list[Callable], data: RecipeData, out: Path) -
 def _stages(
     recipe: Recipe, rewards: list[Callable], data: RecipeData, out: Path, stage: _Stage
 ) -> dict[str, Any]:
-    from ..training.publish.card import write_model_card
-    from ..training.publish.plot import plot_reward_curve
-    from ..training.publish.report import write_report
+    from ..publish.card import write_model_card
+    from ..publish.plot import plot_reward_curve
+    from ..publish.report import write_report
 
     start = time.perf_counter()
     held_out = data.held_out

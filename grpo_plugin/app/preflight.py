@@ -8,7 +8,7 @@ by `grpo-plugin train` and by `--dry-run` alike (`recipe_checks.check_recipe` do
     check_lengths      the prompts fit the model's context (its tokenizer and config only)
     check_model_config what the config decides: a MoE router, LoRA target_modules that match
     check_resume       a resume: the checkpoint holds every piece of an exact resume, and the
-                       recipe is the run's (`training/run/resume.py`; rewards, LoRA and
+                       recipe is the run's (`run/resume.py`; rewards, LoRA and
                        model_init_kwargs are compared again once the trainer is built)
 
 Each problem raises `RecipeError` with one line that says how to fix it; under `accelerate launch`
@@ -27,10 +27,12 @@ from typing import Any
 
 import reward_fns
 
-from ..training import distributed, inputs
-from ..training.run import checkpoints, pending, resume, rundir
-from ..training.run import lock as run_lock
-from ..training.run.shared_dir import check_shared
+from .. import distributed
+from ..models import model_source
+from ..run import checkpoints, pending, resume, rundir
+from ..run import lock as run_lock
+from ..run.shared_dir import check_shared
+from ..training import inputs
 from .recipe import Recipe, RecipeError, one_line
 from .recipe_checks import check_reward_columns, recipe_model_kwargs
 from .splits import load_splits
@@ -79,7 +81,7 @@ def check_run_dir(recipe: Recipe) -> str | None:
         check_shared(c.output_dir, state)
         checkpoint = distributed.on_main_process(state, lambda: _check_previous_run(c))
         with distributed.failures_shared(state):
-            inputs.check_model_source(recipe.args.model)
+            model_source.check_model_source(recipe.args.model)
     except RunFinished:
         raise
     except (ValueError, run_lock.OutputDirInUse) as err:
@@ -170,8 +172,8 @@ def check_lengths(recipe: Recipe, data: RecipeData) -> None:
     """Prompt lengths against the context, with the model's tokenizer and config (no weights)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from ..models import resolve_model_path
-    from ..training.policy import prepare_tokenizer
+    from ..models.embedded import resolve_model_path
+    from ..models.policy import prepare_tokenizer
 
     c = recipe.config
     remote = bool(c.trust_remote_code)
@@ -196,8 +198,8 @@ def check_lengths(recipe: Recipe, data: RecipeData) -> None:
 def check_model_config(recipe: Recipe, config: Any) -> None:
     """What the model's config decides (a MoE router, model_init_kwargs, the LoRA targets),
     before the weights load."""
-    from ..training.model_checks import check_against_model_config
-    from ..training.policy import lora_config, model_init_kwargs
+    from ..models.policy import lora_config, model_init_kwargs
+    from ..models.setup_checks import check_against_model_config
 
     c = recipe.config
     try:
@@ -210,7 +212,7 @@ def check_model_config(recipe: Recipe, config: Any) -> None:
 
 def _reward_names(rewards: list[Callable]) -> list[str] | None:
     """The names the trainer records for `rewards` (None: a reward model, named once loaded)."""
-    from ..training.rewards.reward_models import is_reward_model
+    from ..scoring.reward_models import is_reward_model
 
     if not all(callable(fn) and not is_reward_model(fn) for fn in rewards):
         return None

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 from transformers import HfArgumentParser
 
-from ..training.config.grpo_config import GRPOConfig
+from ..config.grpo_config import GRPOConfig
 from .recipe_library import find_recipe
 from .recipe_types import coerce_values, field_types
 from .yaml_input import YAMLTooLarge, safe_load

@@ -17,15 +17,15 @@ from typing import Any
 
 import reward_fns
 
-from ..training.config.grpo_config import GRPOConfig
-from ..training.config.number_checks import check_reward_weights
-from ..training.evaluation.setup import (
+from ..config.grpo_config import GRPOConfig
+from ..config.number_checks import check_reward_weights
+from ..evaluation.setup import (
     check_eval_options,
     check_eval_setup,
     resolve_eval_metrics,
 )
-from ..training.rewards.context import TRAINER_KWARGS
-from ..training.rewards.reward_models import resolve_reward_name
+from ..scoring.context import TRAINER_KWARGS
+from ..scoring.reward_models import resolve_reward_name
 from .data import has_held_out, known_columns, validate_dataset_spec
 from .recipe import Recipe, RecipeError, one_line, unknown_key_message
 
@@ -187,7 +187,7 @@ def check_evaluation(recipe: Recipe, rewards: list[Callable]) -> None:
 def recipe_tools(recipe: Recipe) -> list[Callable]:
     """The recipe's tools as callables (names resolved relative to the recipe), schemas checked,
     and what the trainer refuses next to tools (`overlap_scoring`, `auto_find_batch_size`)."""
-    from ..training.sampling.tools import ToolInputs, resolve_tool
+    from ..training.sampling.tool_inputs import ToolInputs, resolve_tool
 
     base = Path(recipe.source).parent if recipe.source else None
     try:
@@ -200,7 +200,7 @@ def recipe_tools(recipe: Recipe) -> list[Callable]:
 
 def recipe_model_kwargs(recipe: Recipe) -> dict[str, Any]:
     """The recipe's `model_init_kwargs`, with NF4 quantization when `load_in_4bit`."""
-    from ..training.policy import nf4_quantization
+    from ..models.policy import nf4_quantization
 
     kwargs = dict(recipe.config.model_init_kwargs or {})
     if recipe.args.load_in_4bit:
@@ -211,9 +211,9 @@ def recipe_model_kwargs(recipe: Recipe) -> dict[str, Any]:
 
 def check_model_setup(recipe: Recipe) -> None:
     """The `lora` section, `model_init_kwargs` and a rollout copy against the load to come, as
-    the trainer checks them (`training/model_checks.py`), but before the data is read."""
-    from ..training.model_checks import check_copy_setup, check_reference_setup
-    from ..training.policy import lora_config, model_init_kwargs
+    the trainer checks them (`models/setup_checks.py`), but before the data is read."""
+    from ..models.policy import lora_config, model_init_kwargs
+    from ..models.setup_checks import check_copy_setup, check_reference_setup
 
     try:
         peft = lora_config(recipe.args.lora) if recipe.args.lora is not None else None
@@ -254,8 +254,8 @@ def _check_liger(recipe: Recipe) -> None:
     """`use_liger_kernel`, as the trainer decides it (its ImportError too), in one line now."""
     if not recipe.config.use_liger_kernel:
         return
-    from ..training.liger import check_liger
-    from ..training.policy import lora_config
+    from ..models.liger import check_liger
+    from ..models.policy import lora_config
 
     try:
         lora = lora_config(recipe.args.lora) if recipe.args.lora is not None else None

@@ -1,4 +1,4 @@
-"""Padding and position helpers shared by generation and the training forward."""
+"""Padding and position helpers shared by generation and the training forward; a NaN-aware std."""
 
 from __future__ import annotations
 
@@ -30,3 +30,9 @@ def pad_columns(x: torch.Tensor, width: int, value: int, left: bool) -> torch.Te
     """Pad `(B, L)` to `(B, width)` on the left or the right (no-op when already wide enough)."""
     extra = width - x.shape[1]
     return F.pad(x, (extra, 0) if left else (0, extra), value=value) if extra > 0 else x
+
+
+def nanstd(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Population std ignoring NaN (0 where nothing was scored)."""
+    mean = torch.nanmean(x, dim=dim, keepdim=True)
+    return torch.nanmean((x - mean) ** 2, dim=dim).sqrt().nan_to_num(0.0)

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from .forward import CompletionLogprobs, CompletionTokens, ForwardOptions, completion_logprobs
+from .fused_lora import fuse_lora_linears
 from .levers import LEVERS, Levers, default_levers
-from .lora import fuse_lora_linears
 from .plan import levers_for
 from .prompt_grad import SharedPromptGrad
 

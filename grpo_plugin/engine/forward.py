@@ -58,10 +58,10 @@ from .._compat import (
 from .._logging import warn_once
 from ..core.tensors import position_ids_from_mask
 from .admission import admit_frozen_head, admit_hidden
+from .forward_types import CompletionLogprobs, CompletionTokens, ForwardOptions
 from .lm_head import chunk_logps, frozen_head_logps, is_frozen_linear
 from .padding_free import PackedRows, packed_hidden_with_prompts, packed_suffix_hidden
 from .prompt_grad import SharedPromptGrad
-from .types import CompletionLogprobs, CompletionTokens, ForwardOptions
 
 __all__ = ["CompletionLogprobs", "CompletionTokens", "ForwardOptions", "completion_logprobs"]
 

@@ -46,7 +46,7 @@ class Lever:
 
 LEVERS: dict[str, Lever] = {
     "fused_lora": Lever(
-        "engine/lora.py",
+        "engine/fused_lora.py",
         "peft LoRA Linear layers in the plain case (no dropout, DoRA, hooks, casts, 4-bit)",
         "every fused layer against peft's own forward, on random input with a random B",
         1e-5,

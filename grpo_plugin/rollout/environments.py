@@ -16,7 +16,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from .tools import Tool
+from .tool_calls import Tool
 
 SPECIAL_METHODS = ("reset", "get_reward")
 # The prompt of a row that has none (the environment owns the data): reset() supplies the text.

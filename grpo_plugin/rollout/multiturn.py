@@ -37,7 +37,7 @@ from .environments import EMPTY_PROMPT, Environments, with_observation
 from .generation import continue_decoding, decode_spec, prefill_and_decode
 from .noise import ShiftedNoise
 from .replaced_generate import replaced_generate, tool_loop_with
-from .tools import Tool, run_calls, toolbox
+from .tool_calls import Tool, run_calls, toolbox
 from .types import Decoded, DecodeSpec, GenerationRequest, RolloutBatch, ToolCall, Trajectory
 
 # The tool loop's defaults, in one place: `GRPOConfig` and the CLI read them from here.

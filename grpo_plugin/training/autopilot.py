@@ -46,8 +46,8 @@ import torch
 
 from ..rollout.prompts import encode_prompts
 from ..rollout.types import TrainingBatch
+from ..run import checkpoints
 from . import inputs
-from .run import checkpoints
 from .sampling import streaming
 
 logger = logging.getLogger(__name__)

@@ -17,9 +17,9 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+from ..run.rundir import append_metrics
 from . import progress
 from .progress import ProgressBoard, format_duration
-from .run.rundir import append_metrics
 
 
 def replace_default_callbacks(trainer: Any) -> None:
@@ -168,7 +168,7 @@ class SyncRefModelCallback(TrainerCallback):
         return cls(ref_model, args.ref_model_mixup_alpha, args.ref_model_sync_steps)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        from .policy import mix_reference
+        from ..models.policy import mix_reference
 
         if model is not None and state.global_step % self.every == 0:
             mix_reference(self.ref_model, model, self.alpha)

@@ -4,10 +4,6 @@ them) and `GRPOTrainer` (for Python users) both run them.
 
 - `check_output_dir`: not a file, writable, with room for checkpoints (`needed_free_mb`: twice
   the newest checkpoint's size plus a margin, `MIN_FREE_MB` before the first).
-- `check_model_source`: an existing local directory with its config and whole weight files
-  (`weight_files.py`), a known `embedded:` name, or a valid Hub id that is in the local cache
-  when the Hub is offline (`HF_HUB_OFFLINE=1`) or cannot be reached (`hub_access.py`).
-- `check_adapter_dir`: a LoRA adapter directory with its `adapter_config.json` and whole weights.
 - `check_prompts`: every prompt a non-empty string or a non-empty list of chat messages, the bad
   row named by its index.
 - `check_prompt_lengths` (needs the tokenizer): prompts that do not fit the model's context with
@@ -37,12 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..models import check_embedded_name, is_embedded
+from ..distributed import check_launch
+from ..evaluation.setup import check_eval_datasets
+from ..models import model_source
 from ..rollout.prompts import encode_prompts, prompt_problem
-from . import hub_access, weight_files
-from .distributed import check_launch
-from .evaluation.setup import check_eval_datasets
-from .run import checkpoints
+from ..run import checkpoints
 from .sampling.streaming import (
     apply_stream_settings,
     check_streamed_training,
@@ -107,72 +102,6 @@ def needed_free_mb(output_dir: str | os.PathLike) -> tuple[float, str]:
         f"2 x {size:.0f} MB for {found[-1].name} and the next checkpoint, "
         f"+ {CHECKPOINT_MARGIN_MB} MB for metrics and completions"
     )
-
-
-# --- the model -----------------------------------------------------------------------------------
-def _looks_like_path(name: str) -> bool:
-    return name.startswith(("/", "./", "../", "~", ".\\")) or name.count("/") > 1 or "\\" in name
-
-
-def check_model_source(name: Any) -> None:
-    """A model given by name must be loadable without guessing: see the module docstring."""
-    if not isinstance(name, (str, os.PathLike)):
-        return  # a loaded model
-    name = str(name)
-    if is_embedded(name):
-        check_embedded_name(name)  # a known name; the package that ships it is checked on use
-        return
-    path = Path(name).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ValueError(f"model directory {name} has no config.json; is it a model folder?")
-        weight_files.check_model_weights(path)  # present and whole: no traceback in the load
-        return
-    if path.exists() or _looks_like_path(name):
-        raise ValueError(f"model path {name} does not exist; fix the path (or give a Hub id).")
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
-
-    try:
-        validate_repo_id(name)
-    except HFValidationError:
-        raise ValueError(
-            f"model {name!r} is neither a local directory nor a valid Hub id ('org/name')."
-        ) from None
-    unreachable = hub_access.unreachable_reason()
-    if unreachable and not _in_hub_cache(name):
-        raise ValueError(
-            f"model {name!r} is not a local directory and not in the Hugging Face cache, and "
-            f"{unreachable}; download it first or give a local directory."
-        )
-    if unreachable and not hub_access.offline():  # cached: it loads, after minutes of retries
-        logger.warning(
-            "%s, so model %r loads from the Hugging Face cache after retrying the Hub for about "
-            "a minute per file; set HF_HUB_OFFLINE=1 to skip the retries.",
-            unreachable[0].upper() + unreachable[1:],
-            name,
-        )
-
-
-def check_adapter_dir(adapter: str | os.PathLike) -> None:
-    """A LoRA adapter given by path: an existing directory holding `adapter_config.json`."""
-    path = Path(adapter).expanduser()
-    if not path.is_dir():
-        raise ValueError(
-            f"adapter {adapter} is not a directory; pass a run's output_dir or a checkpoint-N dir."
-        )
-    if not (path / "adapter_config.json").is_file():
-        raise ValueError(
-            f"adapter {adapter} has no adapter_config.json (not a LoRA adapter; a full fine-tune "
-            "is a model: pass it as --model)."
-        )
-    weight_files.check_adapter_weights(path)
-
-
-def _in_hub_cache(repo_id: str) -> bool:
-    from huggingface_hub import try_to_load_from_cache
-
-    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
 
 
 # --- prompts, checked once -----------------------------------------------------------------------
@@ -349,7 +278,7 @@ def check_inputs(model: Any, args: Any, train_dataset: Any, eval_dataset: Any) -
     apply_stream_settings(args, train_dataset, eval_dataset)  # dispatch_batches, workers (TRL)
     check_streamed_training(train_dataset, args)
     check_train_size(train_dataset, args)
-    check_model_source(model)
+    model_source.check_model_source(model)
     check_output_dir(args.output_dir)
     check_launch(args)  # ZeRO-3 is refused before the model loads
     return train_dataset, eval_dataset

@@ -1,4 +1,4 @@
-"""What a rollout tells the user: TRL-named reward metrics and the completion tables."""
+"""What a rollout tells the user: TRL-named reward metrics, the metrics window, the zero-std watch."""
 
 from __future__ import annotations
 
@@ -9,17 +9,11 @@ from typing import Any
 
 import torch
 
-from .._logging import visible
+from ..core.tensors import nanstd
 from ..rollout.dynamic_sampling import informative_groups
 from ..rollout.types import Rollout
 
 logger = logging.getLogger(__name__)
-
-
-def nanstd(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """Population std ignoring NaN (0 where nothing was scored)."""
-    mean = torch.nanmean(x, dim=dim, keepdim=True)
-    return torch.nanmean((x - mean) ** 2, dim=dim).sqrt().nan_to_num(0.0)
 
 
 def reward_metrics(r: Rollout, names: Sequence[str]) -> dict[str, float]:
@@ -74,22 +68,6 @@ def tool_metrics(b) -> dict[str, float]:
         "tools/prefill_tokens": float(b.num_prefill_tokens),
         "tools/reused_tokens": float(b.num_reused_tokens),
     }
-
-
-def completion_records(
-    r: Rollout, advantages: torch.Tensor, names: Sequence[str], step: int
-) -> dict[str, list]:
-    """Columns of `completions/step_XXXXX.parquet`: one row per completion."""
-    records: dict[str, list] = {
-        "step": [step] * len(r.completions),
-        "prompt": list(r.prompts),
-        "completion": r.completions,
-        "reward": r.rewards.tolist(),
-        "advantage": advantages.tolist(),
-    }
-    for j, name in enumerate(names):
-        records[f"rewards/{name}"] = r.per_func[:, j].tolist()
-    return records
 
 
 class MetricsWindow:
@@ -178,30 +156,3 @@ class ZeroStdWatch:
                 self.streak,
                 metrics.get("reward", float("nan")),
             )
-
-
-def format_completions(records: dict[str, list], limit: int, unique_prompts: bool = False) -> str:
-    """A plain-text table of up to `limit` completions of one rollout (prompt, completion, reward,
-    advantage); with `unique_prompts`, the first completion of each distinct prompt only."""
-    rows, seen = [], set()
-    for i, prompt in enumerate(records["prompt"]):
-        key = repr(prompt)
-        if unique_prompts and key in seen:
-            continue
-        seen.add(key)
-        rows.append(i)
-        if len(rows) == limit:
-            break
-
-    def short(value) -> str:
-        text = value if isinstance(value, str) else repr(value)
-        return visible(" ".join(text.split())[:80])  # the table is logged
-
-    lines = ["reward | advantage | prompt | completion"]
-    for i in rows:
-        reward, adv = records["reward"][i], records["advantage"][i]
-        lines.append(
-            f"{reward:.3f} | {adv:+.3f} | {short(records['prompt'][i])} | "
-            f"{short(records['completion'][i])}"
-        )
-    return "\n".join(lines)

@@ -24,35 +24,20 @@ from typing import Any
 
 import torch
 
+from .. import distributed
 from ..core.batching import group_permutation
 from ..core.objectives import (
     TOKEN_LEVEL_LOSS_TYPES,
     AdaptiveEntropyCoefficient,
     LossInputs,
-    decoupled_advantages,
     entropy_bonus,
-    group_advantages,
     high_entropy_mask,
     policy_loss,
 )
 from ..core.sampling_correction import CorrectionParams, sampling_weights
 from ..rollout.types import Rollout, TrainingBatch
-from . import distributed
-from .run import rundir
-
-
-def rollout_advantages(
-    rollout: Rollout, args: Any, weights: torch.Tensor, group_size: int | None = None
-) -> torch.Tensor:
-    """`(N,)` advantages of a scored rollout in groups of `group_size` (default
-    `num_generations`): GDPO's per-function whitening when `multi_objective_aggregation` is
-    "normalize_then_sum", else the configured estimator on the weighted sum."""
-    group = group_size or args.num_generations
-    if args.multi_objective_aggregation == "normalize_then_sum":
-        per_func = rollout.per_func.view(-1, group, len(weights))  # (P, G, F)
-        return decoupled_advantages(per_func, weights).reshape(-1)
-    grouped = rollout.rewards.view(-1, group)  # (P, G)
-    return group_advantages(grouped, estimator=args.estimator).reshape(-1)
+from ..run import rundir
+from ..scoring.rollout_advantages import rollout_advantages
 
 
 def training_batch(rollout: Rollout, args: Any, reward_weights, tokenizer) -> TrainingBatch:
@@ -104,7 +89,7 @@ class TrainingObjective:
     def for_model(cls, args: Any, model: Any, accelerator: Any = None) -> TrainingObjective:
         """The objective for `model`: its MoE router loss weight comes from the model's config
         unless `router_aux_loss_coef` is set."""
-        from .policy import router_aux_loss_coefficient
+        from ..models.policy import router_aux_loss_coefficient
 
         coef = router_aux_loss_coefficient(model, args.router_aux_loss_coef)
         return cls(args, coef, accelerator)

@@ -2,10 +2,10 @@
 
     _prepare_inputs(rows)          a micro-batch of the rollout buffer (a new rollout when due)
       _build_rollout(rows)         the named steps of one rollout:
-        _sample_and_score            G completions per prompt (rollout/), rewards (rewards.py)
+        _sample_and_score            G completions per prompt (rollout/), rewards (scoring/)
         _record_reward_metrics       TRL-named metrics, the zero-std alarm
         _refill                      DAPO dynamic sampling (rollout/dynamic_sampling.py)
-        _training_batch              advantages (objective.py), loss mask
+        _training_batch              advantages (scoring/rollout_advantages.py), loss mask
         _add_policy_logps            old and reference log-probs, only when needed
         write_completions            completions/step_XXXXX.parquet (completions_log.py)
         _shuffle_for_reuse           group-preserving shuffle when the rollout is reused
@@ -24,48 +24,50 @@ import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel, Trainer
 
+from .. import distributed
+from ..config.field_checks import warn_on_loss_combinations
+from ..config.grpo_config import GRPOConfig
 from ..core.batching import identity_collate, shared_group_size
-from ..engine import CompletionLogprobs, CompletionTokens, PolicyEngine
+from ..engine import CompletionLogprobs, CompletionTokens, PolicyEngine, cpu_threads
 from ..engine.prompt_grad import SharedPromptGrad
-from ..rollout.dynamic_sampling import refill
-from ..rollout.noise import KeyedNoise, RolloutKey
-from ..rollout.types import Rollout, TrainingBatch
-from . import autopilot, cpu_threads, distributed
-from .callbacks import SyncRefModelCallback, replace_default_callbacks
-from .config.checks import warn_on_loss_combinations
-from .config.grpo_config import GRPOConfig
-from .evaluation.setup import check_eval_setup, eval_set_names, prefixed, resolve_eval_metrics
-from .evaluation.watch import RewardHackingCallback
-from .inputs import check_inputs, check_prompt_lengths_of
-from .liger import check_liger
-from .loaders import TrainerLoaders
-from .metrics import MetricsWindow, ZeroStdWatch, reward_metrics, rollout_tokens
-from .objective import TrainingObjective, shuffle_for_reuse, training_batch
-from .policy import (
+from ..evaluation.setup import check_eval_setup, eval_set_names, prefixed, resolve_eval_metrics
+from ..evaluation.watch import RewardHackingCallback
+from ..models.liger import check_liger
+from ..models.policy import (
     build_reference,
     eval_mode,
     load_trainer_policy,
     reference_mode,
     trainer_init_kwargs,
 )
-from .publish.gguf import save_trainer_gguf
-from .rewards.context import RewardContext
-from .rewards.sources import RewardSources
-from .run import checkpoints, completions_log, guards, lifecycle, resume, rundir
-from .run import lock as run_lock
-from .run.state import RunState, mid_rollout
+from ..rollout.dynamic_sampling import refill
+from ..rollout.noise import KeyedNoise, RolloutKey
+from ..rollout.types import Rollout, TrainingBatch
+from ..run import completions_log, guards, resume
+from ..run import lock as run_lock
+from ..run.state import RunState
+from ..scoring.context import RewardContext
+from ..scoring.sources import RewardSources
+from . import autopilot
+from .callbacks import SyncRefModelCallback, evaluation_progress, replace_default_callbacks
+from .inputs import check_inputs, check_prompt_lengths_of
+from .loaders import TrainerLoaders
+from .metrics import MetricsWindow, ZeroStdWatch, reward_metrics, rollout_tokens
+from .objective import TrainingObjective, shuffle_for_reuse, training_batch
+from .run_hooks import RunHooks
 from .sampling.rollouts import RolloutSampler
-from .sampling.tools import ToolInputs, fork_user_code_worker
+from .sampling.tool_inputs import ToolInputs, fork_user_code_worker
 from .trl_attributes import TRLAttributes
 
 
-class GRPOTrainer(TRLAttributes, TrainerLoaders, Trainer):
+class GRPOTrainer(TRLAttributes, TrainerLoaders, RunHooks, Trainer):
     """TRL-compatible GRPO trainer (see `GRPOConfig` for every option). `dataset_names` (Hub ids
     of the training data) may be set after construction: `grpo_run.json` and the model card name
     them. `eval_dataset` may be a dict of named sets; `eval_metrics` (a callable or
@@ -158,7 +160,6 @@ class GRPOTrainer(TRLAttributes, TrainerLoaders, Trainer):
         self._metrics = self.run_state.metrics  # the window the rollout's metrics go to
         self._seen_step, self._micro, self._rollout_key = -1, 0, RolloutKey(args.seed, 0)
         self.resume_plan = resume.ResumePlan()  # what train()'s resume checks found (resume.py)
-        self._staging_dir: str | None = None  # where a checkpoint is being written (lifecycle.py)
         G, B = args.num_generations, args.per_device_train_batch_size
         self._share_group = shared_group_size(G, B)
         self._held_prompt = SharedPromptGrad(args.num_generations)  # a group over micro-batches
@@ -361,41 +362,12 @@ class GRPOTrainer(TRLAttributes, TrainerLoaders, Trainer):
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval"):
         """Greedy accuracy, pass@k and TRL's eval metrics on the held-out set(s), logged once."""
-        from .evaluation.during_training import evaluate_trainer
+        from ..evaluation.during_training import evaluate_trainer
 
-        return evaluate_trainer(self, eval_dataset, metric_key_prefix)
+        progress = partial(evaluation_progress, self)  # the progress board's task per set
+        return evaluate_trainer(self, eval_dataset, metric_key_prefix, progress)
 
-    # --- the run: resume, signals, atomic checkpoints (lifecycle.py) ----------------------------
-    def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, **kwargs):
-        """`Trainer.train`, plus: the output dir locked (one run at a time, no silent rerun
-        mixing), an exact resume (`True`: the newest complete checkpoint), and SIGTERM or a first
-        Ctrl-C saving a checkpoint before `TrainingInterrupted` is raised."""
-        return lifecycle.train(self, super().train, resume_from_checkpoint, trial=trial, **kwargs)
-
-    def _get_output_dir(self, trial) -> str:
-        return self._staging_dir or super()._get_output_dir(trial)
-
-    def _save_checkpoint(self, model, trial) -> None:
-        save = self._save_staged
-        push = self._push_from_checkpoint  # transformers' (private): a checkpoint to the Hub
-        lifecycle.save_checkpoint(self, lambda d: save(model, trial, d), push)
-
-    def _save_staged(self, model, trial, staging: str) -> None:
-        """The Trainer's own checkpoint saving, into `staging` (pushed once renamed)."""
-        push, self.args.push_to_hub = self.args.push_to_hub, False
-        self._staging_dir = staging
-        try:
-            super()._save_checkpoint(model, trial)
-        finally:
-            self._staging_dir, self.args.push_to_hub = None, push
-
-    def save_run_state(self, checkpoint: Path) -> None:
-        """This process's `RunState` (main process: also the loss's entropy state) into `checkpoint`."""
-        state = self.run_state.state_dict(mid_rollout(self.args, self.state.global_step))
-        checkpoints.save_state(checkpoint, self.args.process_index, state)
-        if self.is_world_process_zero():
-            self.training_objective.save_state(checkpoint)  # TRL's entropy_ctrl_state.json
-
+    # --- the run's batch plan and gradient norm (the rest: run_hooks.py) ------------------------
     def plan_batch(self, checkpoint: str | None) -> None:
         """auto_find_batch_size, before the first step: `autopilot.choose`'s plan (None: kept),
         validated like a user's sizes; chosen once (transformers' batch-halving stays off)."""
@@ -407,18 +379,6 @@ class GRPOTrainer(TRLAttributes, TrainerLoaders, Trainer):
         self._train_batch_size = plan.micro_batch * max(1, self.args.n_gpu)
         self._share_group = shared_group_size(self.args.num_generations, plan.micro_batch)
 
-    def _init_training_state(self, max_steps, num_update_steps_per_epoch, num_train_epochs, *a):
-        epochs, steps = super()._init_training_state(
-            max_steps, num_update_steps_per_epoch, num_train_epochs, *a
-        )
-        return lifecycle.skip_when_done(self.state, epochs, steps, num_train_epochs)
-
-    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
-        super()._load_optimizer_and_scheduler(checkpoint)
-        self.training_objective.load_state(checkpoint)  # the adaptive entropy coefficient, as TRL
-        resume.after_restore(self, checkpoint)  # the schedule as configured, at the restored step
-        lifecycle.after_load(self, checkpoint)  # the run state; then what came after it set aside
-
     def _get_grad_norm(self, model, grad_norm=None):
         grad_norm = super()._get_grad_norm(model, grad_norm)
         guards.check_grad_norm(grad_norm, self.state.global_step)
@@ -426,25 +386,3 @@ class GRPOTrainer(TRLAttributes, TrainerLoaders, Trainer):
             self._step_metrics.add("grad_norm", float(grad_norm))
         self._step_metrics.add("learning_rate", self._get_learning_rate())  # this step's (as TRL)
         return grad_norm
-
-    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        super().save_model(output_dir, _internal_call)
-        if self.is_world_process_zero():
-            out = Path(output_dir or self.args.output_dir)
-            rundir.write_json(out / rundir.RUN_INFO_FILE, self.run_summary())
-
-    def run_summary(self) -> dict[str, Any]:
-        """The run facts that model cards need (`grpo_run.json`)."""
-        return rundir.trainer_summary(self)
-
-    def push_to_hub(self, repo_id: str | None = None, *, token: str | None = None, **kwargs) -> str:
-        """Save, plot, write the card, publish as one commit (kwargs: `publish/hub.py` publish)."""
-        from .publish.hub import publish_trainer
-
-        return publish_trainer(
-            self, repo_id or self.args.hub_model_id, token or self._hub_token, **kwargs
-        )
-
-    def save_gguf(self, path: str | Path, quant: str = "f16", *, overwrite: bool = False) -> Any:
-        """Save the run, then write it as one GGUF + an Ollama Modelfile (`publish/gguf.py`)."""
-        return save_trainer_gguf(self, path, quant, overwrite)

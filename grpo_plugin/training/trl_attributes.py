@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
+from .. import distributed
 from ..core.masks import high_entropy_mask, off_policy_mask
-from . import distributed
-from .rewards.reward_models import is_reward_model
+from ..scoring.reward_models import is_reward_model
 
 # TRL attribute -> the config field it copies, unchanged.
 CONFIG_COPIES = (

@@ -17,7 +17,7 @@ from grpo_plugin import cli
 from grpo_plugin.app import chat as chat_app
 from grpo_plugin.app.chat import ChatOptions, converse, one_line_answer, open_chat, run_sampling
 from grpo_plugin.app.recipe import RecipeError
-from grpo_plugin.training.run import rundir
+from grpo_plugin.run import rundir
 
 SYSTEM = "You add numbers."
 
@@ -152,7 +152,7 @@ def no_model_load(monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("a model was loaded: the run dir should have been refused")
 
-    monkeypatch.setattr("grpo_plugin.training.publish.weights.trained_policy", boom)
+    monkeypatch.setattr("grpo_plugin.publish.weights.trained_policy", boom)
 
 
 def _one_error_line(capsys) -> str:

@@ -229,7 +229,7 @@ def no_model_load(monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("load_policy was reached: the arguments should have been rejected")
 
-    monkeypatch.setattr("grpo_plugin.training.policy.load_policy", boom)
+    monkeypatch.setattr("grpo_plugin.models.policy.load_policy", boom)
 
 
 def test_eval_checks_the_model_and_adapter_before_loading(

@@ -214,7 +214,7 @@ def test_a_hub_dataset_offline_and_not_cached_is_one_line():
 def test_a_hub_dataset_without_network_is_refused_before_any_retry(monkeypatch):
     import datasets
 
-    from grpo_plugin.training import hub_access
+    from grpo_plugin.models import hub_access
 
     def retries(*args, **kwargs):
         raise AssertionError("load_dataset would retry the Hub for half a minute")

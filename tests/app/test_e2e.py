@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO_ROOT
 
 from grpo_plugin import cli
-from grpo_plugin.models import EMBEDDED_HUB_ID, EMBEDDED_PACKAGE, INSTALL_COMMAND
+from grpo_plugin.models.embedded import EMBEDDED_HUB_ID, EMBEDDED_PACKAGE, INSTALL_COMMAND
 
 ROOT = REPO_ROOT
 STEPS = 2

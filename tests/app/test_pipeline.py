@@ -16,7 +16,7 @@ from grpo_plugin.app.data import arithmetic_dataset
 from grpo_plugin.app.recipe import RecipeError, load_recipe
 from grpo_plugin.app.recipe_checks import check_recipe
 from grpo_plugin.app.recipe_library import builtin_recipes, find_recipe, purpose
-from grpo_plugin.training.evaluation.curve import wilson_interval
+from grpo_plugin.evaluation.curve import wilson_interval
 
 TINY_RECIPE = (
     "model: {model}\n"
@@ -325,7 +325,7 @@ def test_a_run_that_takes_the_dir_after_the_checks_is_refused_in_one_line(tiny_m
     """The lock taken by another run between the checks and the claim: a RecipeError (the CLI's
     one line, on every process under accelerate), not OutputDirInUse's traceback."""
     from grpo_plugin.app.preflight import prepare_run
-    from grpo_plugin.training.run.lock import RunLock
+    from grpo_plugin.run.lock import RunLock
 
     path, out = write_recipe(tmp_path, tiny_model_dir)
     recipe = load_recipe(str(path))

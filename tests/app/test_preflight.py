@@ -196,7 +196,7 @@ def test_a_directory_in_use_is_named_first_even_when_it_holds_a_run(make, capsys
     import subprocess
     import sys
 
-    from grpo_plugin.training.run import lock as run_lock
+    from grpo_plugin.run import lock as run_lock
 
     out = tmp_path / "out"
     (out / "completions").mkdir(parents=True)  # the running run's files
@@ -297,14 +297,14 @@ def test_what_failed_only_in_the_real_run_fails_in_dry_run_and_before_the_model_
     def no_load(*args, **kwargs):
         raise AssertionError("a model was loaded before the recipe was refused")
 
-    monkeypatch.setattr("grpo_plugin.training.policy.load_model", no_load)
+    monkeypatch.setattr("grpo_plugin.models.policy.load_model", no_load)
     assert cli.main(["train", make(), *flags]) == 2  # the real run: the same line, no model
     assert expected in capsys.readouterr().err
 
 
 def test_a_hub_model_without_network_is_one_line_at_once(make, capsys, monkeypatch):
     # transformers retried the Hub for about a minute, then raised OSError (a traceback)
-    from grpo_plugin.training import hub_access
+    from grpo_plugin.models import hub_access
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(hub_access, "_unresolved_host", lambda: "huggingface.co")
@@ -337,7 +337,7 @@ def test_a_model_folder_whose_weights_are_missing_or_cut(
         weights.write_bytes(weights.read_bytes()[:-100])
         expected = f"{weights}: truncated ("
     assert expected in dry_run(capsys, make(model=folder))
-    monkeypatch.setattr("grpo_plugin.training.policy.load_model", _no_load)
+    monkeypatch.setattr("grpo_plugin.models.policy.load_model", _no_load)
     assert cli.main(["train", make(model=folder)]) == 2  # the real run: the same line, no model
     assert expected in capsys.readouterr().err
 

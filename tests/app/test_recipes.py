@@ -230,7 +230,7 @@ def test_trl_script_arguments_point_to_the_recipe_key(key, hint):
 @pytest.mark.parametrize("spec", ["fr_myrew.py:lenrew", "fr_myrew:lenrew"])
 def test_a_reward_file_next_to_the_recipe(tmp_path, monkeypatch, spec):
     """Rewards are named like tools and eval_metrics: 'file.py:fn' or 'module:fn' beside the
-    recipe, without PYTHONPATH (one loader: training/user_code.py)."""
+    recipe, without PYTHONPATH (one loader: user_code/callables.py)."""
     monkeypatch.chdir(tmp_path.parent)  # not the recipe's folder
     (tmp_path / "fr_myrew.py").write_text(
         "def lenrew(completions, **kw):\n    return [float(len(c)) for c in completions]\n"

@@ -11,7 +11,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import PreTrainedModel
 
 from grpo_plugin._compat import set_training_flags, training_flags
-from grpo_plugin.training.policy import eval_mode
+from grpo_plugin.models.policy import eval_mode
 
 
 def _lora(**options):

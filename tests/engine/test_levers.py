@@ -21,8 +21,8 @@ from grpo_plugin.engine import (
     padding_free,
 )
 from grpo_plugin.engine.forward import decoder_body
+from grpo_plugin.engine.fused_lora import fuse_lora_linears
 from grpo_plugin.engine.levers import LEVERS, relative_difference, verdict
-from grpo_plugin.engine.lora import fuse_lora_linears
 from grpo_plugin.engine.plan import decode_compiled, levers_for
 
 GROUP = 3

@@ -158,7 +158,7 @@ def test_a_models_own_template_runs_tools_and_the_exchange_is_its_full_render(fa
 
     from grpo_plugin.rollout.multiturn import ToolSetup
     from grpo_plugin.rollout.prompts import sample_groups
-    from grpo_plugin.rollout.tools import Tool
+    from grpo_plugin.rollout.tool_calls import Tool
     from grpo_plugin.rollout.types import GroupSampling, SamplingParams
 
     tok = template_tokenizer(family)

@@ -12,7 +12,7 @@ from scripted_policy import after_tool, call, last_turn, multiply, multiply_scri
 from grpo_plugin.rollout.chat_tools import resolve_tool_format
 from grpo_plugin.rollout.multiturn import ToolSetup
 from grpo_plugin.rollout.prompts import sample_groups
-from grpo_plugin.rollout.tools import Tool
+from grpo_plugin.rollout.tool_calls import Tool
 from grpo_plugin.rollout.types import GenerationRequest, GroupSampling, SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=400, temperature=0.0)

@@ -164,7 +164,7 @@ def length_score(prompts, completions, **kwargs):
 
 
 def sharded_eval(out: Path) -> None:
-    from grpo_plugin.training.evaluation.engine import EvalRuntime, EvalSettings, evaluate
+    from grpo_plugin.evaluation.evaluator import EvalRuntime, EvalSettings, evaluate
 
     trainer = tiny_trainer(out / "eval-run", 8)
     model = trainer.accelerator.unwrap_model(trainer.model)
@@ -231,7 +231,7 @@ def _report(run) -> dict:
 
 
 def eval_error(out: Path) -> None:
-    from grpo_plugin.training.evaluation.engine import EvalRuntime, EvalSettings, evaluate
+    from grpo_plugin.evaluation.evaluator import EvalRuntime, EvalSettings, evaluate
 
     trainer = tiny_trainer(out / "run", 8, reward=fails_on_process_1)
     model, data = trainer.accelerator.unwrap_model(trainer.model), trainer.train_dataset
@@ -250,11 +250,11 @@ def sharded_policy_step(model, tokenizer, prompt_index: int, accelerator=None, r
     """Sample G=8 completions of global prompt `prompt_index` (keyed draws) `rounds` times, as a
     dynamic-sampling refill would, then backpropagate their summed log-probs through the policy
     as the trainer does. Returns the completion ids."""
+    from grpo_plugin.distributed import forward_through, full_parameters, shares_prefix
     from grpo_plugin.engine.forward import completion_logprobs
     from grpo_plugin.rollout.noise import KeyedNoise, RolloutKey
     from grpo_plugin.rollout.prompts import sample_groups
     from grpo_plugin.rollout.types import GroupSampling, SamplingParams
-    from grpo_plugin.training.distributed import forward_through, full_parameters, shares_prefix
 
     noise = KeyedNoise.for_prompts(RolloutKey(0, 0), [prompt_index], 8, 8)
     model.eval()

@@ -223,7 +223,7 @@ def test_fsdp2_policy_step_equals_one_process(two_processes):
 
 
 def test_sharded_evaluation_equals_one_process(two_processes, tmp_path):
-    from grpo_plugin.training.evaluation.engine import EvalSettings, evaluate
+    from grpo_plugin.evaluation.evaluator import EvalSettings, evaluate
 
     worker = load_script(WORKER, "distributed_worker")
     trainer = worker.tiny_trainer(tmp_path / "eval", 16)

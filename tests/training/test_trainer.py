@@ -18,7 +18,7 @@ from conftest import (
 )
 
 from grpo_plugin import GRPOTrainer
-from grpo_plugin.training.rewards.scoring import RewardFunctionError
+from grpo_plugin.scoring.scorer import RewardFunctionError
 
 
 def load_4bit(model, tmp_path):
@@ -395,7 +395,7 @@ def test_a_group_over_two_micro_batches_trains_as_when_each_encodes_its_prompt(
     micro-batch), with the same losses and LoRA weights after 2 steps (engine/prompt_grad.py)."""
     from conftest import assert_same_training, tiny_lora
 
-    from grpo_plugin.training import distributed
+    from grpo_plugin import distributed
 
     def trained(out, **overrides):
         # from the policy: a copy's correction weights would amplify the last-bit differences
@@ -420,7 +420,7 @@ def test_a_failed_micro_batch_leaves_no_prompt_held(tiny_tokenizer, tmp_path, mo
     into whatever runs next (a resume in the same process)."""
     from conftest import tiny_lora
 
-    from grpo_plugin.training.run import guards
+    from grpo_plugin.run import guards
 
     trainer = make_trainer(tiny_tokenizer, tmp_path, peft=tiny_lora(),
                            per_device_train_batch_size=4, gradient_accumulation_steps=4)  # fmt: skip

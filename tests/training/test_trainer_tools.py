@@ -231,7 +231,7 @@ def test_an_environment_column_alone_lets_reset_supply_the_prompt(tiny_tokenizer
 
 
 def test_without_a_dataset_the_environment_owns_the_data(tiny_tokenizer, tmp_path):
-    from grpo_plugin.training.sampling.tools import ToolInputs
+    from grpo_plugin.training.sampling.tool_inputs import ToolInputs
 
     def check(factory, **kw):
         args = tiny_config(tmp_path, num_generations=4, per_device_train_batch_size=8, **kw)
@@ -376,7 +376,7 @@ def test_a_template_we_cannot_parse_fails_before_training(tiny_tokenizer, tmp_pa
 
 
 def test_evaluation_offers_the_tools_and_reports_the_call_rate(tiny_tokenizer, tmp_path):
-    from grpo_plugin.training.evaluation.engine import EvalRuntime, EvalSettings, evaluate
+    from grpo_plugin.evaluation.evaluator import EvalRuntime, EvalSettings, evaluate
 
     trainer = tool_trainer(tiny_tokenizer, tmp_path, num_generations_eval=1,
                            per_device_eval_batch_size=4)  # fmt: skip

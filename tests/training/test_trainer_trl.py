@@ -21,9 +21,9 @@ from conftest import (
 
 from grpo_plugin import GRPOTrainer
 from grpo_plugin.core.objectives import decoupled_advantages
+from grpo_plugin.models.policy import cast_lm_head_to_fp32, trainer_init_kwargs
 from grpo_plugin.rollout.types import TrainingBatch
 from grpo_plugin.training.objective import TrainingObjective
-from grpo_plugin.training.policy import cast_lm_head_to_fp32, trainer_init_kwargs
 
 
 def weights(model) -> dict[str, torch.Tensor]:
@@ -194,7 +194,7 @@ def test_sampling_options_reach_the_sampler(tiny_tokenizer, tmp_path, caplog):
                            num_completions_to_print=2, log_unique_prompts=True)  # fmt: skip
     sampling = trainer.args.sampling_params()
     assert (sampling.min_p, sampling.top_k, sampling.suppress_tokens) == (0.05, 10, (5,))
-    with caplog.at_level(logging.INFO, logger="grpo_plugin.training.run.completions_log"):
+    with caplog.at_level(logging.INFO, logger="grpo_plugin.run.completions_log"):
         trainer.train()
     table = caplog.text.split("Completions at step 0:")[1]
     assert "reward | advantage | prompt | completion" in table
@@ -216,7 +216,7 @@ def test_trl_constructor_arguments(tiny_tokenizer, tmp_path, tiny_model_dir):
 
 
 def test_trust_remote_code_reaches_the_tokenizer_load(tiny_model_dir, tmp_path, monkeypatch):
-    import grpo_plugin.training.policy as policy
+    import grpo_plugin.models.policy as policy
 
     seen = {}
     original = policy.AutoTokenizer.from_pretrained

@@ -114,7 +114,7 @@ def test_default_logging_steps_is_trls_and_the_final_entry_carries_the_metrics(
     """Issue 48 item 1: TRL's default `logging_steps=10`, so a short run's `log_history[-1]` (the
     summary beside `train_runtime`) carries the averaged metrics, as `log_history[-1]["reward"]` in
     TRL's tests and users' notebooks reads it; metrics.jsonl still has one line per step."""
-    from grpo_plugin.training.run.rundir import read_metrics
+    from grpo_plugin.run.rundir import read_metrics
 
     assert grpo_plugin.GRPOConfig(output_dir=str(tmp_path)).logging_steps == 10
     options = {k: v for k, v in BASE.items() if k != "logging_steps"}

@@ -33,8 +33,8 @@ import torch
 from ..._logging import warn_once
 from ...rollout.prompts import decode_completions
 from ...rollout.types import Rollout
-from ..rewards.context import warn_if_unscored
-from ..rewards.scoring import combine_rewards
+from ...scoring.context import warn_if_unscored
+from ...scoring.scorer import combine_rewards
 
 logger = logging.getLogger(__name__)
 

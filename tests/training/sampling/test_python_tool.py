@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from grpo_plugin.training.sampling.python_tool import make_python_tool, python
-from grpo_plugin.training.sampling.tools import resolve_tool
+from grpo_plugin.training.sampling.tool_inputs import resolve_tool
 
 
 def test_it_returns_what_the_program_prints():
