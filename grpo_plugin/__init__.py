@@ -1,13 +1,11 @@
 """grpo-plugin: GRPO-family RL with verifiable rewards, as a TRL-style trainer.
 
-`from grpo_plugin import GRPOConfig, GRPOTrainer` mirrors `trl`. The package has layers, each a
-folder, each importing only the ones above it in this list (docs/architecture.md):
-
-- `core/`: pure torch: the objectives, completion log-probs, batching;
-- `rollout/`: group sampling: the decode loop, prompts in and completions out, dynamic sampling,
-  and the rollout's types (`rollout/types.py`);
-- `training/`: the trainer and its glue: config, policy loading, scoring, metrics, the run dir;
-- `app/`: recipes, data, the recipe pipeline, the model card and the Hub; `cli.py` parses.
+`from grpo_plugin import GRPOConfig, GRPOTrainer` mirrors `trl`. The package is a ladder of rooms,
+one concern each, each importing only the rooms below it (docs/architecture.md draws it):
+`core/` (tensor math) < `engine/` (every forward of the policy) < `models/` (loading) <
+`user_code/` < `rollout/` (group sampling) < `config/` < `distributed.py` < `scoring/` (rewards
+and advantages) < `run/` (the run folder) < `evaluation/` < `publish/` < `training/` (the
+trainer) < `app/` (recipes) < `cli.py`.
 
 Imports are lazy so that `grpo_plugin.core.objectives` stays a light, pure-torch module.
 """

@@ -9,6 +9,7 @@ new import between layers is an edit here, made on purpose. reward_fns never imp
 from __future__ import annotations
 
 import ast
+import warnings
 from pathlib import Path
 
 import pytest
@@ -190,21 +191,30 @@ def test_each_training_room_imports_only_the_rooms_below_it():
                 assert parts[2] in allowed[room], f"{rel} imports {name}"
 
 
-# A declarative config may exceed the bound: GRPOConfig is one field list grouped by concern, and
-# it grows with the options. We don't split a file by size; its checks (config/checks.py) stay
-# under the bound like any code.
+# File size is a warning sign, not a rule: a file past WARN_LINES is named in the test's warnings
+# (look for a second concern hiding in it, and split there, not at a line count); one past
+# MAX_LINES almost surely holds two concerns and fails. A declarative config is exempt: GRPOConfig
+# is one field list grouped by concern, and it grows with the options.
+WARN_LINES, MAX_LINES = 400, 600
 EXEMPT_FROM_SIZE = {"grpo_plugin/config/grpo_config.py"}
 
 
-def test_no_file_over_about_400_lines():
-    big = {
-        rel: n
+def _file_lines() -> dict[str, int]:
+    return {
+        rel: len(p.read_text().splitlines())
         for folder in ("grpo_plugin", "reward_fns", "recipes")
         for p in _sources(REPO_ROOT / folder)
         if (rel := p.relative_to(REPO_ROOT).as_posix()) not in EXEMPT_FROM_SIZE
-        and (n := len(p.read_text().splitlines())) > 450
     }
-    assert big == {}
+
+
+def test_files_past_the_warning_sign_are_named_and_none_is_far_past_it():
+    lines = _file_lines()
+    large = sorted((n, rel) for rel, n in lines.items() if n > WARN_LINES)
+    if large:
+        listed = ", ".join(f"{rel} ({n})" for n, rel in reversed(large))
+        warnings.warn(f"files over {WARN_LINES} lines: {listed}", stacklevel=1)
+    assert {rel: n for rel, n in lines.items() if n > MAX_LINES} == {}
 
 
 def test_no_formatter_escapes_in_the_library():

@@ -1,2 +1,3 @@
-"""Evaluation: the one engine (during training, before/after a recipe, `grpo-plugin eval`), its
-setup checks, the watch (best step, reward-hacking alarm) and the held-out curve."""
+"""Evaluation: the one evaluator (`evaluator.py`: during training, before/after a recipe,
+`grpo-plugin eval`), its setup checks, the watch (best step, reward-hacking alarm) and the
+held-out curve."""

@@ -1,7 +1,7 @@
 """The completions table of each rollout: `completions/step_XXXXX.parquet`, and a few printed.
 
 Every process's completions are gathered with their advantages and the `log_extra` columns the
-reward functions added (`reward_context.py`), and process 0 alone writes them (the one-writer rule
+reward functions added (`scoring/context.py`), and process 0 alone writes them (the one-writer rule
 of `distributed.py`), so the table holds the global rollout whatever the number of processes.
 With `num_completions_to_print`, the first few rows are also logged as a plain-text table.
 """

@@ -1,7 +1,7 @@
 """The run's reward sources, resolved once: what `GRPOTrainer(reward_funcs=...)` turns into.
 
 Functions, registered names, `module:function` paths and reward models (`reward_models.py`) become
-callables that receive the trainer kwargs they declare (`reward_context.py`), with their weights
+callables that receive the trainer kwargs they declare (`scoring/context.py`), with their weights
 `(F,)` and metric names. `score` fills a rollout's rewards and gives TRL's warning when no function
 scored a completion.
 """
