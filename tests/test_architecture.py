@@ -160,7 +160,7 @@ TRAINING_ROOMS: list[tuple[str, set[str], str]] = [
     ("inputs", {"sampling"}, "the trainer's inputs, checked once"),
     ("autopilot", {"inputs", "sampling"}, "the memory autopilot"),
     ("loaders", {"sampling"}, "the train sampler and data loaders, as TRL's"),
-    ("run_hooks", set(), "the Trainer's overrides for the run folder: train(), checkpoints, saving"),
+    ("run_hooks", set(), "the Trainer's overrides for the run folder: train(), saving"),
     ("trainer", {"*"}, "GRPOTrainer: orchestration, imports any room"),
 ]
 
