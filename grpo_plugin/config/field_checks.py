@@ -21,7 +21,7 @@ from .._compat import (
     launched_alone,
     launched_without_accelerators,
 )
-from ..core.objectives import ESTIMATORS
+from ..core.objectives import ESTIMATORS, LOSS_TYPES
 from ..rollout.chat_tools import TOOL_TEMPLATES
 
 logger = logging.getLogger(__name__)
@@ -148,18 +148,13 @@ def _check_reference(config: Any) -> None:
 
 def warn_on_loss_combinations(config: Any) -> None:
     """TRL's warnings for loss settings that run but probably are not what was meant."""
-    if config.loss_type == "luspo" and config.importance_sampling_level != "sequence":
-        logger.warning(
-            "loss_type='luspo' is a sequence-level loss: set importance_sampling_level='sequence' "
-            "to match the LUSPO paper."
-        )
-    if config.loss_type == "vespo" and config.importance_sampling_level != "token":
-        logger.warning(
-            "loss_type='vespo' builds its own sequence-level weight from token log-ratios; leave "
-            "importance_sampling_level='token'."
-        )
-    token_summed = ("bnpo", "dr_grpo", "dapo", "cispo")
-    if config.importance_sampling_level == "sequence" and config.loss_type in token_summed:
+    definition = LOSS_TYPES.get(config.loss_type)
+    if definition is None:
+        return  # not a loss type: LossParams says so
+    if definition.level is not None and config.importance_sampling_level != definition.level[0]:
+        logger.warning("loss_type=%r %s.", config.loss_type, definition.level[1])
+    summed = definition.sums_over_tokens and definition.level is None
+    if config.importance_sampling_level == "sequence" and summed:
         logger.warning(
             "importance_sampling_level='sequence' with loss_type=%r sums a sequence-level ratio "
             "over tokens, which weights each sequence by its completion length instead of optimizing "
@@ -253,12 +248,13 @@ def check_rollout(config: Any) -> None:
         )
     _resolve_trl_correction_names(config)
     config.correction_params()  # validates the mode and the bounds
-    copy = config.rollout_precision not in (None, "policy")  # None never copies for VESPO
+    copy = config.rollout_precision not in (None, "policy")  # None: never for such a loss
     corrected = copy and config.sampling_correction
-    if corrected and config.loss_type == "vespo":
+    refused = getattr(LOSS_TYPES.get(config.loss_type), "correction_refused", None)
+    if corrected and refused:
         raise ValueError(
-            "loss_type='vespo' with a rollout copy is not supported: VESPO folds the sampling "
-            "ratio into its own sequence weights; use rollout_precision='policy'."
+            f"loss_type={config.loss_type!r} with a rollout copy is not supported: {refused}; "
+            "use rollout_precision='policy'."
         )
 
 

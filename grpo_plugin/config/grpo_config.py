@@ -36,7 +36,7 @@ from typing import Any
 from transformers import TrainingArguments
 
 from .._compat import training_args_dict_fields
-from ..core.objectives import LossParams
+from ..core.objectives import LOSS_TYPES, LossParams
 from ..core.sampling_correction import CorrectionParams
 from ..engine.plan import decode_compiled
 from ..rollout.chat_tools import DEFAULT_TOOL_TEMPLATE
@@ -137,9 +137,9 @@ class GRPOConfig(TrainingArguments):
         "ratio at delta (> 1; > 1 + epsilon_high recommended). None: off."
     )
     loss_type: str = _help(
-        "The loss: 'grpo' (per-sequence mean), 'dapo' (per-token over the rollout), 'dr_grpo' "
-        "(sum / (N * max_completion_length)), 'bnpo' (per-token over the micro-batch), 'cispo', "
-        "'sapo', 'luspo' (sequence sums) or 'vespo'.",
+        "The loss, one of the registered loss types (core/loss_types.py): "
+        + ", ".join(f"'{d.name}' ({d.summary})" for d in LOSS_TYPES.values())
+        + ".",
         "dapo",
     )
     importance_sampling_level: str = _help(

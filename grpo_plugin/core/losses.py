@@ -1,6 +1,7 @@
 """The GRPO-family policy loss: importance ratio -> per-token surrogate -> masks -> KL -> normalization.
 
-``policy_loss`` is a pure function of ``(N, T)`` tensors and a ``LossParams``; the per-token
+``policy_loss`` is a pure function of ``(N, T)`` tensors and a ``LossParams``; each loss type's
+surrogate and reduction are its registered definition (``loss_types.py``), the per-token
 surrogates live in ``surrogates.py`` and the masks in ``masks.py``. It follows TRL 1.16's
 ``GRPOTrainer._compute_loss`` except where this docstring says otherwise:
 
@@ -21,14 +22,9 @@ from typing import NamedTuple
 
 import torch
 
+from .loss_types import LOSS_TYPES, SurrogateTerms, loss_type
 from .masks import off_policy_mask
-from .surrogates import (
-    cispo_surrogate,
-    clipped_surrogate,
-    sapo_surrogate,
-    vespo_gamma_weights,
-    vespo_surrogate,
-)
+from .tensors import masked_mean
 
 __all__ = [
     "IMPORTANCE_SAMPLING_LEVELS",
@@ -40,11 +36,7 @@ __all__ = [
     "policy_loss",
 ]
 
-CLIPPED_LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "luspo")
-LOSS_TYPES = CLIPPED_LOSS_TYPES + ("cispo", "sapo", "vespo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
-# Reduced by the valid-token count of the whole rollout (the trainer rescales micro-batches).
-TOKEN_LEVEL_LOSS_TYPES = ("dapo", "cispo", "vespo")
 
 
 def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -82,7 +74,7 @@ class LossParams:
     vespo_lambda_neg: float = 2.0
 
     def __post_init__(self) -> None:
-        _check_choice("loss_type", self.loss_type, LOSS_TYPES)
+        loss_type(self.loss_type)  # a registered one, or the choices in one line
         _check_choice(
             "importance_sampling_level", self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS
         )
@@ -94,9 +86,9 @@ class LossParams:
             self.delta,
             self.off_policy_mask_threshold,
         )
-        for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be > 0.")
+        for definition in LOSS_TYPES.values():  # the fields exist whichever loss is chosen
+            if definition.check is not None:
+                definition.check(self)
 
     @property
     def eps_high(self) -> float:
@@ -176,7 +168,9 @@ def policy_loss(
     ratio = _importance_ratio(log_ratio, weight, p.importance_sampling_level)  # (N, T)
     adv = advantages.to(logps.dtype).unsqueeze(-1)  # (N, 1)
 
-    per_token, extra_stats = _surrogate(p, ratio, log_ratio, logps, adv, weight)  # (N, T)
+    definition = LOSS_TYPES[p.loss_type]
+    terms = SurrogateTerms(ratio, log_ratio, logps, adv, weight)
+    per_token, extra_stats = definition.surrogate(terms, p)  # (N, T)
     if p.off_policy_mask_threshold is not None:
         per_token = per_token * off_policy_mask(
             adv, logps, old, weight, p.off_policy_mask_threshold
@@ -194,24 +188,10 @@ def policy_loss(
             per_token = per_token + p.beta * kl
 
     max_len = logps.shape[1] if p.max_completion_length is None else p.max_completion_length
-    loss = _normalize(per_token * weight, weight, p.loss_type, max_len)
+    loss = definition.reduce(per_token * weight, weight, max_len)
     stats = _loss_stats(p, ratio, adv, weight, kl)
     stats.update(extra_stats)
     return loss, stats
-
-
-def _surrogate(p: LossParams, ratio, log_ratio, logps, adv, weight):
-    """The loss type's per-token loss ``(N, T)`` and its own stats."""
-    if p.loss_type == "cispo":
-        stats = {"cispo_clip_ratio": _masked_mean((ratio > p.eps_high) & (adv > 0), weight)}
-        return cispo_surrogate(ratio, logps, adv, p.eps_high), stats
-    if p.loss_type == "sapo":
-        return sapo_surrogate(ratio, adv, p.sapo_temperature_pos, p.sapo_temperature_neg), {}
-    if p.loss_type == "vespo":
-        k_lambda = (p.vespo_k_pos, p.vespo_lambda_pos, p.vespo_k_neg, p.vespo_lambda_neg)
-        phi = vespo_gamma_weights(log_ratio, weight, adv, k_lambda)  # (N, 1), detached
-        return vespo_surrogate(phi, logps, adv), {"vespo/phi_seq_mean": phi.mean().item()}
-    return clipped_surrogate(ratio, adv, p.epsilon_low, p.eps_high, p.delta), {}
 
 
 def _zero_padding(
@@ -230,29 +210,6 @@ def _importance_ratio(log_ratio: torch.Tensor, weight: torch.Tensor, level: str)
     return torch.exp(log_ratio)  # (N, T)
 
 
-def _normalize(
-    masked_loss: torch.Tensor, weight: torch.Tensor, loss_type: str, max_len: int
-) -> torch.Tensor:
-    """Reduce the (N, T) masked per-token loss to a scalar.
-
-    grpo/sapo: DeepSeekMath eq. 3 (each sequence's mean, then the mean); dapo/bnpo/cispo/vespo:
-    DAPO 3.3's token mean; dr_grpo: a constant N * max_len (Dr. GRPO); luspo: each sequence's SUM,
-    then the mean (LUSPO, https://arxiv.org/abs/2602.05261: GSPO scaled by the length).
-    """
-    if loss_type in ("grpo", "sapo"):
-        lengths = weight.sum(dim=-1).clamp(min=1)  # (N,)
-        return (masked_loss.sum(dim=-1) / lengths).mean()
-    if loss_type == "dr_grpo":
-        return masked_loss.sum() / (masked_loss.shape[0] * max_len)
-    if loss_type == "luspo":
-        return masked_loss.sum(dim=-1).mean()
-    return masked_loss.sum() / weight.sum().clamp(min=1)
-
-
-def _masked_mean(x: torch.Tensor, weight: torch.Tensor) -> float:
-    return ((x.to(weight.dtype) * weight).sum() / weight.sum().clamp(min=1)).item()
-
-
 def _seq_extreme(x: torch.Tensor, weight: torch.Tensor, pick) -> float:
     """`pick` (min or max) over the sequences with a valid token of each one's masked mean of x."""
     x = x.to(weight.dtype).expand_as(weight)  # (N, 1) at sequence level
@@ -264,10 +221,10 @@ def _seq_extreme(x: torch.Tensor, weight: torch.Tensor, pick) -> float:
 @torch.no_grad()
 def _loss_stats(p: LossParams, ratio, adv, weight, kl) -> dict[str, float]:
     """Token-level clip fractions (clipped types), mean ratio and mean KL term over valid tokens."""
-    stats = {"ratio/mean": _masked_mean(ratio, weight)}
-    if p.loss_type in CLIPPED_LOSS_TYPES:
-        low = _masked_mean((ratio < 1.0 - p.epsilon_low) & (adv < 0), weight)
-        high = _masked_mean((ratio > 1.0 + p.eps_high) & (adv > 0), weight)
+    stats = {"ratio/mean": masked_mean(ratio, weight)}
+    if LOSS_TYPES[p.loss_type].clipped:
+        low = masked_mean((ratio < 1.0 - p.epsilon_low) & (adv < 0), weight)
+        high = masked_mean((ratio > 1.0 + p.eps_high) & (adv > 0), weight)
         stats.update({"clip_ratio/low": low, "clip_ratio/high": high})
         stats["clip_ratio/region"] = low + high
         # TRL's extremes over the sequences: the least low-clipped and the most high-clipped one
@@ -278,7 +235,7 @@ def _loss_stats(p: LossParams, ratio, adv, weight, kl) -> dict[str, float]:
             (ratio > 1.0 + p.eps_high) & (adv > 0), weight, max
         )
     if kl is not None:
-        stats["kl"] = _masked_mean(kl, weight)
+        stats["kl"] = masked_mean(kl, weight)
     return stats
 
 

@@ -11,18 +11,20 @@ One import point for the pieces, each in its own module with the paper it implem
   (DeepSeekMath eq. 4) with DeepSeek-V3.2's ratio correction, ``LossParams``.
 - ``surrogates.py``: the per-token losses: clipped (with INTELLECT-2's ``delta``), CISPO, SAPO,
   VESPO.
+- ``loss_types.py``: each ``loss_type`` as one registered ``LossType`` (its surrogate, reduction,
+  parameters, what it needs from sampling); a new loss type is registered there.
 - ``masks.py``: the high-entropy token mask and the off-policy sequence mask.
 - ``entropy.py``: the entropy bonus and Skywork-OR1's adaptive coefficient.
 """
 
 from __future__ import annotations
 
+from . import loss_types
 from .advantages import ESTIMATORS, decoupled_advantages, group_advantages
 from .entropy import AdaptiveEntropyCoefficient, entropy_bonus
+from .loss_types import LOSS_TYPES, LossType, register
 from .losses import (
     IMPORTANCE_SAMPLING_LEVELS,
-    LOSS_TYPES,
-    TOKEN_LEVEL_LOSS_TYPES,
     LossInputs,
     LossParams,
     check_loss_hyperparameters,
@@ -36,10 +38,10 @@ __all__ = [
     "IMPORTANCE_SAMPLING_LEVELS",
     "LOSS_TYPES",
     "PAPERS",
-    "TOKEN_LEVEL_LOSS_TYPES",
     "AdaptiveEntropyCoefficient",
     "LossInputs",
     "LossParams",
+    "LossType",
     "check_loss_hyperparameters",
     "decoupled_advantages",
     "entropy_bonus",
@@ -49,21 +51,16 @@ __all__ = [
     "objective_name",
     "off_policy_mask",
     "policy_loss",
+    "register",
 ]
 
 PAPERS = {
     "GRPO": "https://arxiv.org/abs/2402.03300",  # DeepSeekMath (Shao et al., 2024)
-    "DAPO": "https://arxiv.org/abs/2503.14476",  # Yu et al., 2025
-    "Dr. GRPO": "https://arxiv.org/abs/2503.20783",  # Liu et al., 2025
     "GSPO": "https://arxiv.org/abs/2507.18071",  # Zheng et al., 2025
     "RLOO": "https://arxiv.org/abs/2402.14740",  # Ahmadian et al., 2024
-    "CISPO": "https://arxiv.org/abs/2506.13585",  # MiniMax-M1, 2025
-    "SAPO": "https://arxiv.org/abs/2511.20347",  # Soft Adaptive Policy Optimization, 2025
-    "LUSPO": "https://arxiv.org/abs/2602.05261",  # Length-Unbiased Sequence PO, 2026
-    "VESPO": "https://arxiv.org/abs/2602.10693",  # Variational Sequence-level Soft PO, 2026
+    # each loss type that names an objective: its paper (loss_types.py)
+    **{d.objective: d.paper for d in LOSS_TYPES.values() if d.objective and d.paper},
 }
-# Loss types that name their own objective (the card links its paper).
-_NAMED_LOSS_TYPES = {"cispo": "CISPO", "sapo": "SAPO", "luspo": "LUSPO", "vespo": "VESPO"}
 
 
 def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -75,24 +72,25 @@ def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
 def objective_name(loss_type: str, importance_sampling_level: str, estimator: str) -> str:
     """Name of the objective a configuration amounts to, for logs and model cards.
 
-    Precedence: the ``"rloo"`` estimator gives ``"RLOO"``; ``cispo``/``sapo``/``luspo``/``vespo``
-    their own name; a sequence-level ratio ``"GSPO"``; ``loss_type="dapo"`` ``"DAPO"``;
-    ``loss_type`` or estimator ``"dr_grpo"`` ``"Dr. GRPO"``; anything else (``bnpo`` included)
-    ``"GRPO"``. ``PAPERS[name]`` is the paper's arXiv link.
+    Precedence: the ``"rloo"`` estimator gives ``"RLOO"``; a loss type that names its objective
+    whatever the ratio (``cispo``/``sapo``/``luspo``/``vespo``) its own name; a sequence-level
+    ratio ``"GSPO"``; a loss type's token-level name (``dapo``: ``"DAPO"``, ``dr_grpo``:
+    ``"Dr. GRPO"``); the estimator ``"dr_grpo"`` ``"Dr. GRPO"``; anything else (``bnpo``
+    included) ``"GRPO"``. ``PAPERS[name]`` is the paper's arXiv link.
     """
-    _check_choice("loss_type", loss_type, LOSS_TYPES)
     _check_choice(
         "importance_sampling_level", importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS
     )
     _check_choice("estimator", estimator, ESTIMATORS)
     if estimator == "rloo":
         return "RLOO"
-    if loss_type in _NAMED_LOSS_TYPES:
-        return _NAMED_LOSS_TYPES[loss_type]
+    definition = loss_types.loss_type(loss_type)  # a registered one, or the choices
+    if definition.names_its_objective:
+        return definition.objective
     if importance_sampling_level == "sequence":
         return "GSPO"
-    if loss_type == "dapo":
-        return "DAPO"
-    if "dr_grpo" in (loss_type, estimator):
+    if definition.objective is not None:
+        return definition.objective
+    if estimator == "dr_grpo":
         return "Dr. GRPO"
     return "GRPO"

@@ -1,4 +1,4 @@
-"""Padding and position helpers shared by generation and the training forward; a NaN-aware std."""
+"""Padding and position helpers shared by generation and the training forward; a masked mean and a NaN-aware std."""
 
 from __future__ import annotations
 
@@ -36,3 +36,8 @@ def nanstd(x: torch.Tensor, dim: int) -> torch.Tensor:
     """Population std ignoring NaN (0 where nothing was scored)."""
     mean = torch.nanmean(x, dim=dim, keepdim=True)
     return torch.nanmean((x - mean) ** 2, dim=dim).sqrt().nan_to_num(0.0)
+
+
+def masked_mean(x: torch.Tensor, weight: torch.Tensor) -> float:
+    """The mean of `x` over the positions where `weight` is 1 (both `(N, T)`; 0 when none)."""
+    return ((x.to(weight.dtype) * weight).sum() / weight.sum().clamp(min=1)).item()

@@ -3,7 +3,8 @@ adds around the policy loss, as one object built from the config.
 
     policy term   core.losses.policy_loss (loss type, clip, delta, off-policy mask, KL)
                   x the high-entropy token mask (top_entropy_quantile < 1)
-                  rescaled to the rollout's token count for "dapo", "cispo", "vespo"
+                  rescaled to the rollout's token count for a token mean over the rollout
+                  ("dapo", "cispo", "vespo": their `LossType.token_mean`, core/loss_types.py)
   - c * H         the entropy bonus over the same tokens (entropy_coef, adaptive control)
   + coef * aux    the MoE router load-balancing loss (router_aux_loss_coef)
 
@@ -27,7 +28,7 @@ import torch
 from .. import distributed
 from ..core.batching import group_permutation
 from ..core.objectives import (
-    TOKEN_LEVEL_LOSS_TYPES,
+    LOSS_TYPES,
     AdaptiveEntropyCoefficient,
     LossInputs,
     entropy_bonus,
@@ -127,9 +128,10 @@ class TrainingObjective:
             params,
         )
         rollout_mean = tokens_per_slice is not None
-        if self.params.loss_type in TOKEN_LEVEL_LOSS_TYPES and rollout_mean:  # over the rollout
+        token_mean = LOSS_TYPES[params.loss_type].token_mean
+        if token_mean == "rollout" and rollout_mean:  # over the rollout's tokens
             loss = loss * max(float(mask.sum()), 1.0) / max(tokens_per_slice, 1.0)
-        elif self.params.loss_type == "bnpo":  # per-token mean over the micro-batch
+        elif token_mean == "micro_batch":  # per-token mean over the micro-batch
             loss = loss * self._global_share(mask)
         metrics = _loss_metrics(stats) | sampling_stats
         valid = batch.model_mask.bool()  # every sampled token, as TRL's `entropy` (no tool results)

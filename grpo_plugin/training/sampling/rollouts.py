@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ...core.objectives import LOSS_TYPES
 from ...core.tensors import left_pad
 from ...engine.levers import fast_paths_from_env
 from ...engine.rollout_copy import RolloutCopy, check_copyable, resolve_precision
@@ -64,7 +65,7 @@ def decode_engine(args: Any, device: Any, single_turn: bool) -> DecodeEngine:
 def default_scope(args: Any, single_turn: bool) -> str | None:
     """`rollout_precision` with None (the default) narrowed to where the bf16 copy's learning was
     measured: single-turn rollouts, `sampling_correction` on, a loss that takes the correction
-    (not VESPO), fast paths on (the reference mode samples from the policy). Outside it, 'policy';
+    (not VESPO: its definition refuses the correction), fast paths on (the reference mode samples from the policy). Outside it, 'policy';
     inside, None, and the device decides on the first rollout
     (`engine.rollout_copy.resolve_precision`). The number of processes is not a condition: every
     process samples from its own copy, refreshed after each optimizer step from the weights that
@@ -73,7 +74,8 @@ def default_scope(args: Any, single_turn: bool) -> str | None:
         return args.rollout_precision
     measured = single_turn and args.sampling_correction
     fast = args.fast_paths and fast_paths_from_env()
-    return None if measured and fast and args.loss_type != "vespo" else "policy"
+    takes_it = LOSS_TYPES[args.loss_type].correction_refused is None
+    return None if measured and fast and takes_it else "policy"
 
 
 class RolloutSampler:
