@@ -286,10 +286,9 @@ class GRPOConfig(TrainingArguments):
         "graphs on a GPU). None (the default): on for single-turn rollouts on CUDA with "
         "fast_paths, off elsewhere. It compiles once per shape (rows x cache width, rounded up "
         "to 64 columns), half a minute to a minute on a 2-core CPU for SmolLM2-135M; the first "
-        "step of each shape logs its time. On a 2-core EPYC a rollout took 0.91x the eager time "
-        "at 24 tokens and 1.21x at 128 (docs/benchmarks.md), so True on a CPU warns. On an H200 "
-        "a 16 x 128-token rollout took 0.25x the eager time after a 44-s compilation "
-        "(docs/gpu-check.md). Compiled kernels round differently in the last bits, so a draw at "
+        "step of each shape logs its time. On a CPU it was measured no faster than the eager loop "
+        "(docs/benchmarks.md), so True on a CPU warns; on a GPU it pays (docs/gpu-check.md). "
+        "Compiled kernels round differently in the last bits, so a draw at "
         "a token boundary can differ from the eager loop's.",
         None,
     )
@@ -503,8 +502,7 @@ class GRPOConfig(TrainingArguments):
         "instead of returning each large tensor's pages to the OS (malloc serves blocks up to "
         "32 MB from its heap, in one arena, and keeps up to 256 MB free), and cut "
         "logprob_chunk_size so that the LM head's chunks stay under 32 MB. Saves faulting in "
-        "fresh pages every step: 3.5-3.9 -> 3.1-3.2 s per step on the `short` benchmark (2-core "
-        "Xeon, 2026-12-05). Process-wide; the resident memory stays near its peak between "
+        "fresh pages every step (measured: docs/benchmarks.md). Process-wide; the resident memory stays near its peak between "
         "steps. Results are unchanged.",
         True,
     )
@@ -512,8 +510,7 @@ class GRPOConfig(TrainingArguments):
         "Torch's CPU threads for this run. None (the default, as TRL; `none` as a flag): the "
         "process's setting, one per core or OMP_NUM_THREADS. 'auto' (the CLI recipes' default): "
         "the cores that are free when the trainer is built, so that a busy process beside the "
-        "run does not stall every operation (the demo's 8 steps beside one on 2 cores: 3.98x "
-        "their time alone with 2 threads, 1.36x with auto; docs/benchmarks.md); an "
+        "run does not stall every operation (docs/benchmarks.md, 'A busy machine'); an "
         "OMP_NUM_THREADS you set is kept. N: N threads. Results depend on the count, so the one "
         "a run trains with is saved in its checkpoints and a resume takes it back.",
         None,

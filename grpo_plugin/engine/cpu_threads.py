@@ -2,9 +2,9 @@
 
 Why: torch splits each operation over its threads, which meet at a barrier before the next one.
 On a 2-core machine with one busy process beside the run, one of our two threads waits for the
-busy core at every barrier, and both wait with it: 8 steps of the demo took 3.98x their time
-alone with 2 threads, where losing one core should cost at most 2x, and 1.36x with `auto`, which
-took 1 (2-core AMD EPYC, 2026-12-06, `python benchmarks/busy_machine.py`; docs/benchmarks.md).
+busy core at every barrier, and both wait with it: the demo ran far slower than losing one
+core explains, and `auto`, which took 1 thread, most of that back (`python
+benchmarks/busy_machine.py`; docs/benchmarks.md, "A busy machine").
 
     None    the process's setting, untouched (torch's default: one thread per core, or
             OMP_NUM_THREADS): what TRL does

@@ -88,8 +88,7 @@ class StaticDecoder:
             warn_once(
                 "compile-cpu",
                 "compile_decode on a CPU: measured slower or barely faster than the eager loop "
-                "on a 2-core EPYC (0.91x at 24 tokens, 1.21x at 128, 1.40x with an fp16 rollout "
-                "copy; docs/benchmarks.md); it is meant for GPUs (CUDA graphs).",
+                "(docs/benchmarks.md); it is meant for GPUs (CUDA graphs).",
             )
 
     def announce(self, rows: int) -> None:
@@ -100,7 +99,7 @@ class StaticDecoder:
             self._compiling = (rows, time.perf_counter())
             logger.info(
                 "compile_decode: compiling the decode step for %d rows x %d cache columns "
-                "(once per shape; about a minute on a 2-core CPU)",
+                "(once per shape; it takes a while on a CPU)",
                 rows,
                 self.width,
             )

@@ -5,13 +5,10 @@ peft computes `base(x) + lora_B(lora_A(x)) * scaling`: after the base product, o
 `(tokens, out)` output to scale it, one to add it, and their backward passes. `Tensor.addmm_` does
 the up-projection, the scaling and the sum in one product that accumulates into the base output:
 `y = x W^T + s (x A^T) B^T` (LoRA, https://arxiv.org/abs/2106.09685). Same log-probs bit for bit on
-SmolLM2 + LoRA r=16 (16 x 24 tokens), gradients within 2e-6 relative (float summation order). In
-the trainer with policy rollouts (`short`'s settings, switched at alternate steps; 2-core Xeon,
-2026-12-06) about 6% of a step, generation and training both; with a merged bf16 rollout copy
-no measurable gain (docs/benchmarks.md, round three 2026-12-06). The product accumulates in
+SmolLM2 + LoRA r=16 (16 x 24 tokens), gradients within 2e-6 relative (float summation order). Its gain in the
+trainer: docs/benchmarks.md ("The engine's levers"). The product accumulates in
 place into the base output, which autograd does not keep (frozen W): an out-of-place `addmm`
-copied that output first, one more pass per layer (forward + backward of `short`'s training
-micro-batch: 1.143 -> 1.118 s, log-probs and gradients equal bit for bit).
+copied that output first, one more pass per layer (log-probs and gradients equal bit for bit).
 
 Any case but the plain one runs peft's own forward, decided at each call: extra arguments (mixed
 adapter batches), adapters disabled or merged, a LoRA variant (DoRA, ...), dropout, a bias on B,

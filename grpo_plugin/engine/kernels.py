@@ -3,7 +3,7 @@
 - `PackedBf16Linear`, `bf16_packing_works` (lever `packed_bf16`): torch 2.13 on a CPU reorders a
   bf16 `F.linear`'s weight into oneDNN's blocked layout on every call; only the private
   `torch.ops.mkldnn._reorder_linear_weight` / `_linear_pointwise` (what inductor's freezing uses)
-  keep it packed: a 16-row decode step of SmolLM2-135M took 39.8 ms instead of 49.5 (Xeon AMX).
+  keep it packed (its gain: docs/benchmarks.md, "The engine's levers").
   Remove when torch has a public prepacked CPU linear.
 - `fp16_weight_linear`, `set_fp16_weight` (the fp16 rollout copy, `rollout_precision: fp16`):
   torch 2.13 has a float16-weight linear with float32 compute on CPU (fbgemm) only in the

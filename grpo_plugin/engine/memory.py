@@ -3,8 +3,7 @@
 On a CPU torch gets each tensor from malloc and gives it back on free. glibc serves blocks over its
 mmap threshold (128 KB at first, rising to at most 32 MB) with fresh pages and returns them to the
 OS on free, so every step's large tensors (the LM head's logits above all) fault in new, zeroed
-pages. On a 2-core Xeon VM a subtraction over 384 x 49152 float32 logits took 20.6 ms into fresh
-memory against 7.1 ms into a reused buffer (`_compat.reuse_freed_cpu_memory` has the figures).
+pages, which costs several times the arithmetic into a reused buffer.
 
 Two settings, applied once when training starts with the policy on the CPU:
 - malloc keeps blocks up to 32 MB on its heap and up to 256 MB of freed memory for reuse, in one
@@ -13,10 +12,9 @@ Two settings, applied once when training starts with the policy on the CPU:
 - `logprob_chunk_size` is cut to the largest power of two whose float32 logits chunk stays under
   32 MB (128 positions for a 49,152-token vocabulary), so those chunks are reused too.
 
-Measured (`short` config, bf16 rollout copy, 16 x 1, Xeon, 2026-12-05, a throwaway per-step
-trace of `ru_minflt`): without, 3.5-3.9 s per step; with the chunk cut and the first two malloc
-settings, 3.0-3.5 s and 600-35,000 page faults per step; with the single arena as well,
-3.13-3.20 s and 2-3,650 faults. Either setting alone gained little. Results are unchanged: the
+Measured in docs/benchmarks.md ("Fresh pages on every step"): both settings together save a
+tenth to a fifth of a `short` step on the CPU it was built on; either alone gained little.
+Results are unchanged: the
 chunking changes no number (each position's log-softmax is computed whole), and malloc settings
 only change where memory comes from.
 """

@@ -22,7 +22,7 @@ groups' prompts) the same row starts with the P prompts' L tokens each, and ONE 
 them and runs the completions: each layer's products, norms and MLP run once over P*L + M tokens
 instead of once in a prompt forward and once in a completion forward, and the prompts' queries
 attend within their own prompt in the row layout `(P, heads, L, d)`. SmolLM2's `short` forward +
-backward (2 prompts x 8 completions of 12-24 tokens, 2-core Xeon, 2026-12-06): 1.154 -> 1.055 s.
+backward is faster this way (docs/benchmarks.md, round three, "the prompts inline").
 The same packing as TRL's `padding_free` and flash-attention's varlen kernels, for SDPA, where
 attention keeps the row layout so no (M x M) mask is built.
 
@@ -104,7 +104,7 @@ class PackedRows:
     def worth_packing(self, head_dim: int) -> bool:
         """Pack when it drops at least 1/16 of the `(N, T)` slots, or when the rows are narrow
         enough for `attend`, whose attention beats the padded forward's SDPA even with nothing
-        to drop (SmolLM2, 16 x 24 tokens, no padding: 0.90-0.98x in four alternating runs)."""
+        to drop (measured: docs/benchmarks.md, round three)."""
         drops_enough = self.tokens <= (1 - _MIN_SAVED) * self.rows * self.width
         return drops_enough or _matmul_attention_fits(self.width, head_dim, self.kept.device)
 

@@ -4,11 +4,11 @@
   CPUs (docs/benchmarks.md, "The engine's levers").
 - CUDA and other accelerators: the training forward on transformers' own attention (SDPA or
   flash) and peft's own LoRA forward; none of the CPU levers was measured to pay on a GPU (the
-  H200 check of 2026-12-04 found our training forward slower than TRL's there). The prompt is
+  GPU check found our training forward slower than TRL's there: docs/gpu-check.md). The prompt is
   still encoded once per group (`shared_prompt`: transformers' own cache API, fewer tokens).
   The decode step is compiled and captured as a CUDA graph by default (`compile_decode`, see
-  `decode_compiled`): one-token steps are bound by kernel launches there (39 ms per token for 16
-  rows eager, 10 ms as a graph, same tokens; docs/gpu-check.md).
+  `decode_compiled`): one-token steps are bound by kernel launches there (same tokens, several times
+  faster as a graph; docs/gpu-check.md).
 
 `fast_paths=False` (or `GRPO_PLUGIN_FAST_PATHS=0`) gives the reference plan on any device.
 """

@@ -197,7 +197,7 @@ def check_copyable(policy: torch.nn.Module, precision: str) -> None:
     if precision == "bf16" and param.device.type == "cpu" and cpu_has_bf16_units() is False:
         logger.warning(
             "rollout_precision='bf16' on a CPU without AVX512-BF16 or AMX: bf16 is emulated "
-            "there and decodes slower than float32 (1.6-1.9x on a 2-core AMD EPYC, "
+            "there and decodes slower than float32 (docs/benchmarks.md; "
             "benchmarks/rollout_precision.py); use rollout_precision='fp16' (or 'auto')."
         )
 
@@ -314,8 +314,8 @@ def _pack_linears(policy: torch.nn.Module, merged: torch.nn.Module, links: list[
     """Swap the bf16 copy's linear layers for `PackedBf16Linear`s, the LM head included. A head
     tied to the input embedding is packed only where the copy can look its embeddings up in the
     policy's own table instead (`_PolicyRowsEmbedding`): the copy's bf16 table is then dropped,
-    so the packed head takes its place rather than adding a second copy of it (SmolLM2-135M,
-    16 rows: a decode step 29.9 -> 29.2 ms, alternating, 2-core Xeon, 2026-12-06)."""
+    so the packed head takes its place rather than adding a second copy of it (a little faster
+    per decode step: docs/benchmarks.md, round three)."""
     head, embedding = merged.get_output_embeddings(), merged.get_input_embeddings()
     tied = head is not None and embedding is not None and head.weight is embedding.weight
     lookup = _PolicyRowsEmbedding.of(policy, embedding) if tied else None

@@ -12,8 +12,8 @@ one call over the rollout; what changes is that a call sees one group (G rows), 
 It is meant for a GPU, where the decode thread mostly launches kernels, and for rewards that wait
 (a sandbox run, an HTTP judge, `async` rewards). On a CPU it costs more than it hides: once a
 second thread runs torch's parallel kernels, the two threads' OpenMP pools compete for the cores
-(measured on a 2-core CPU: the decode 1.5x slower in its thread, while a 20 ms-per-completion
-judge hid 0.16 s of scoring per rollout; `benchmarks/overlap_scoring.py`), so it warns there.
+(the decode measured slower in its thread than the scoring it hid; `benchmarks/overlap_scoring.py`,
+docs/benchmarks.md), so it warns there.
 Python-heavy rewards also share the interpreter lock with the decode loop. Single-turn rollouts
 of our sampler only (not tools, environments or `rollout_func`: `check_inputs`).
 """
@@ -119,7 +119,7 @@ def sample_and_score(
         warn_once(
             "overlap-scoring-cpu",
             "overlap_scoring on a CPU: the decode thread's OpenMP pool competes with the main "
-            "thread's for the cores (measured 1.5x slower decoding on 2 cores); it pays on a GPU. "
+            "thread's for the cores (decoding measured slower: docs/benchmarks.md); it pays on a GPU. "
             "Set overlap_scoring=False here unless the rewards wait much longer than they decode.",
             logger,
         )
