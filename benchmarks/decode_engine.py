@@ -35,10 +35,10 @@ ENGINES = {
 
 
 def rollout(model, prompt_ids, length: int, group: int, seed: int, engine: str):
-    from grpo_plugin.rollout.types import DecodeEngine
+    from grpo_plugin.engine.decode import DecodeSettings
 
     return precision_rollout(
-        model, prompt_ids, length, group, seed, DecodeEngine(**ENGINES[engine])
+        model, prompt_ids, length, group, seed, DecodeSettings(**ENGINES[engine])
     )
 
 

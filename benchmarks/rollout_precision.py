@@ -56,16 +56,17 @@ def build_policy(adapter: str | None):
 
 
 def rollout(model, prompt_ids, length: int, group: int, seed: int, engine=None):
-    """Seconds and completion ids of one full-length rollout (`engine`: a `DecodeEngine`, None:
+    """Seconds and completion ids of one full-length rollout (`engine`: a `DecodeSettings`, None:
     the default loop; benchmarks/decode_engine.py passes one)."""
+    from grpo_plugin.engine.decode import DecodeSettings
     from grpo_plugin.rollout.generation import generate_groups
     from grpo_plugin.rollout.noise import KeyedNoise, RolloutKey
-    from grpo_plugin.rollout.types import DecodeEngine, GenerationRequest, SamplingParams
+    from grpo_plugin.rollout.types import GenerationRequest, SamplingParams
 
     noise = KeyedNoise.for_prompts(RolloutKey(seed, 0), range(len(prompt_ids)), group, length)
     never = model.config.vocab_size + 7  # an end-of-sequence id no row samples: full length
     sampling = SamplingParams(max_new_tokens=length, temperature=0.7)
-    engine = engine or DecodeEngine()
+    engine = engine or DecodeSettings()
     request = GenerationRequest(sampling, group, (never,), 0, noise=noise, engine=engine)
     start = time.perf_counter()
     batch = generate_groups(model, prompt_ids, request)

@@ -38,10 +38,9 @@ from transformers import TrainingArguments
 from .._compat import training_args_dict_fields
 from ..core.objectives import LOSS_TYPES, LossParams
 from ..core.sampling_correction import CorrectionParams
-from ..engine.plan import decode_compiled
 from ..rollout.chat_tools import DEFAULT_TOOL_TEMPLATE
 from ..rollout.multiturn import DEFAULT_MAX_TOOL_RESULT_CHARS, DEFAULT_TOOL_TIMEOUT_S
-from ..rollout.types import DecodeEngine, SamplingParams
+from ..rollout.types import SamplingParams
 from .field_checks import (
     REFUSED,
     apply_generation_kwargs,
@@ -629,13 +628,6 @@ class GRPOConfig(TrainingArguments):
             min_p=self.min_p,
             suppress_tokens=tuple((self.generation_kwargs or {}).get("suppress_tokens") or ()),
         )
-
-    def decode_engine(self, device: Any = "cpu") -> DecodeEngine:
-        """How the rollouts' decode loop runs on `device` (`cache_implementation`,
-        `compile_decode`; None: the device's plan, engine/plan.py)."""
-        compile = decode_compiled(self.compile_decode, device, self.fast_paths)
-        static = self.cache_implementation == "static"
-        return DecodeEngine(static_cache=static, compile=compile)
 
     def loss_params(self) -> LossParams:
         """The policy loss's hyperparameters (validated by `LossParams`)."""

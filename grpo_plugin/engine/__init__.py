@@ -19,15 +19,20 @@ from typing import Any
 
 import torch
 
+from .decode import DecodeSettings
 from .forward import CompletionLogprobs, CompletionTokens, ForwardOptions, completion_logprobs
 from .fused_lora import fuse_lora_linears
-from .levers import LEVERS, Levers, default_levers
-from .plan import levers_for
+from .levers import LEVERS, Levers, default_levers, fast_paths_from_env
+from .plan import DecodeAsk, decode_settings, levers_for
 from .prompt_grad import SharedPromptGrad
+from .rollout_copy import RolloutCopy
 
 __all__ = [
     "LEVERS",
     "CompletionLogprobs",
+    "CopyAsk",
+    "DecodeAsk",
+    "DecodeSettings",
     "CompletionTokens",
     "ForwardOptions",
     "Levers",
@@ -38,15 +43,50 @@ __all__ = [
 
 
 @dataclass(frozen=True)
+class CopyAsk:
+    """What a run asks of the rollout copy (GRPOConfig's fields, the loss type's definition)."""
+
+    requested: str | None  # rollout_precision
+    single_turn: bool
+    sampling_correction: bool
+    loss_takes_correction: bool  # the loss type's definition does not refuse the correction
+
+
+@dataclass(frozen=True)
 class PolicyEngine:
     """One policy's engine, built once from the config and the device: its levers."""
 
     levers: Levers
+    device: str = "cpu"  # the device type it plans for
+    fast_paths: bool = True  # False: the reference plan (fast_paths=False or the environment)
 
     @classmethod
     def build(cls, device: torch.device | str, fast_paths: bool = True) -> PolicyEngine:
         """The engine of a policy on `device` (`fast_paths=False`: the reference plan)."""
-        return cls(levers_for(device, fast_paths))
+        fast = fast_paths and fast_paths_from_env()
+        return cls(levers_for(device, fast_paths), torch.device(device).type, fast)
+
+    def decode_settings(self, ask: DecodeAsk) -> DecodeSettings:
+        """How the rollouts decode: what the run asks, where the levers allow it (plan.py)."""
+        return decode_settings(self.levers, ask, self.device)
+
+    def rollout_precision(self, ask: CopyAsk) -> str | None:
+        """`rollout_precision` with None (the default) narrowed to where the bf16 copy's learning
+        was measured: single-turn rollouts, `sampling_correction` on, a loss that takes the
+        correction, fast paths on (the reference plan samples from the policy). Outside it,
+        'policy'; inside, None, and the device decides on the first rollout
+        (`rollout_copy.resolve_precision`). The number of processes is not a condition: every
+        process samples from its own copy, refreshed after each optimizer step from the weights
+        that are the same on all of them, so one process and several train alike."""
+        if ask.requested is not None:
+            return ask.requested
+        measured = ask.single_turn and ask.sampling_correction and ask.loss_takes_correction
+        return None if measured and self.fast_paths else "policy"
+
+    def rollout_copy(self, precision: str, settings: DecodeSettings) -> RolloutCopy:
+        """The copy the rollouts sample from, its bf16 layers packed where that lever is on (not
+        under compile_decode, which traces plain layers)."""
+        return RolloutCopy(precision, pack=self.levers.packed_bf16 and not settings.compile)
 
     def prepare_policy(self, model: torch.nn.Module) -> int:
         """Give the policy's LoRA layers the fused forward where that lever is on and admitted;

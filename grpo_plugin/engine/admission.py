@@ -16,7 +16,7 @@ import torch
 from .._compat import set_training_flags, training_flags
 from .levers import admitted, relative_difference, verdict
 
-__all__ = ["admit_hidden", "admit_frozen_head"]
+__all__ = ["admit_frozen_head", "admit_hidden", "scaled_difference"]
 
 _HALF_EPSILONS = 8  # a half-precision model's tolerance: this many of its dtype's epsilons
 
@@ -32,7 +32,7 @@ def _checking(module: torch.nn.Module):
         set_training_flags(module, flags)
 
 
-def _scaled(difference: float, dtype: torch.dtype) -> float:
+def scaled_difference(difference: float, dtype: torch.dtype) -> float:
     """A half-precision model's difference in float32 terms: these levers' tolerance (1e-4) is
     for float32; in bf16 / fp16 it is `_HALF_EPSILONS` epsilons of the dtype instead."""
     if dtype in (torch.bfloat16, torch.float16):
@@ -54,7 +54,7 @@ def admit_hidden(name: str, body: torch.nn.Module, fast: Callable, reference: Ca
         reference_hidden = reference()
     real = real.bool()
     difference = relative_difference(fast_hidden[real], reference_hidden[real])
-    return admitted(name, body, _scaled(difference, reference_hidden.dtype))
+    return admitted(name, body, scaled_difference(difference, reference_hidden.dtype))
 
 
 def admit_frozen_head(head: torch.nn.Module, fast: Callable, reference: Callable, hidden):
@@ -72,4 +72,4 @@ def admit_frozen_head(head: torch.nn.Module, fast: Callable, reference: Callable
             (grad,) = torch.autograd.grad(logps.sum(), h)
         results.append((logps.detach(), entropy.detach(), grad))
     difference = max(relative_difference(a, b) for a, b in zip(*results, strict=True))
-    return admitted("frozen_head", head, _scaled(difference, hidden.dtype))
+    return admitted("frozen_head", head, scaled_difference(difference, hidden.dtype))

@@ -75,6 +75,25 @@ LEVERS: dict[str, Lever] = {
         "every packed layer against F.linear on random input",
         1e-2,
     ),
+    "shared_prefill": Lever(
+        "engine/decode.py",
+        "share_prompt_prefix in the rollouts: a group's prompt prefilled once, a batch-expandable "
+        "cache",
+        "the first prefill's last-position logits against every row prefilled",
+        1e-4,
+    ),
+    "static_decode": Lever(
+        "engine/decode.py",
+        "cache_implementation='static': single-turn rollouts, full-attention layers",
+        "one step on the static cache against the dynamic cache's step, from the same prefill",
+        1e-4,
+    ),
+    "compiled_decode": Lever(
+        "engine/decode.py",
+        "compile_decode (None: on CUDA): single-turn rollouts, full-attention layers",
+        "one compiled step against the dynamic cache's eager step, from the same prefill",
+        1e-3,
+    ),
     "cpu_memory_reuse": Lever(
         "engine/memory.py",
         "training on a CPU with glibc (cpu_memory_reuse)",
@@ -110,6 +129,9 @@ class Levers:
     shared_prompt: bool = True
     padding_free: bool = True
     packed_bf16: bool = True
+    shared_prefill: bool = True
+    static_decode: bool = True
+    compiled_decode: bool = True
     cpu_memory_reuse: bool = True
 
     @classmethod

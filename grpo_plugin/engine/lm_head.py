@@ -1,5 +1,6 @@
 """One chunk of completion positions through the LM head: `(C, H)` hidden states -> `(C,)`
-log-probs of their tokens, the scoring `forward._chunked_head` runs chunk by chunk.
+log-probs of their tokens, the scoring `forward._chunked_head` runs chunk by chunk; and the head
+kept in float32 (`cast_lm_head_to_fp32`, applied by the policy's loading in `models/policy.py`).
 
 `chunk_logps` is the general form: head, float32 logits (soft cap, temperature), log-softmax,
 gather. With grad it runs under `torch.utils.checkpoint`, so backward runs the head and the
@@ -23,9 +24,20 @@ gradients are equal to float rounding.
 
 from __future__ import annotations
 
+import types
+from typing import Any
+
 import torch
 
-__all__ = ["chunk_logps", "frozen_head_logps", "is_frozen_linear", "scaled_logits"]
+from .._compat import unwrap_peft
+
+__all__ = [
+    "cast_lm_head_to_fp32",
+    "chunk_logps",
+    "frozen_head_logps",
+    "is_frozen_linear",
+    "scaled_logits",
+]
 
 
 def scaled_logits(raw: torch.Tensor, temperature: float, softcap: float | None):
@@ -131,3 +143,39 @@ def frozen_head_logps(
     detached entropies when `want_entropy`, else an empty tensor), differentiable with respect to
     `hidden` only: `head` must be frozen (`is_frozen_linear`)."""
     return _FrozenHeadLogps.apply(hidden, head, targets, (temperature, softcap, want_entropy))
+
+
+def cast_lm_head_to_fp32(model: Any) -> None:
+    """Keep the LM head's weights in float32 and run it on float32 hidden states (ScaleRL,
+    https://arxiv.org/abs/2510.13786), so logits and log-probs come out of a float32 matmul.
+
+    With tied embeddings the shared weight becomes float32 too, and the embedding output is cast
+    back to the model's dtype. Refused when a LoRA adapter sits on the head (it would be bypassed).
+    """
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    base = unwrap_peft(model)
+    head = base.get_output_embeddings()
+    if isinstance(head, BaseTunerLayer):
+        raise ValueError(
+            "cast_lm_head_to_fp32=True is not supported with a LoRA adapter on lm_head: remove "
+            "'lm_head' from the adapter's target_modules, or set cast_lm_head_to_fp32=False."
+        )
+    model_dtype = head.weight.dtype
+    head.float()
+    head.forward = types.MethodType(_fp32_linear_forward, head)
+    if getattr(base.config, "tie_word_embeddings", False) and model_dtype != torch.float32:
+        base.get_input_embeddings().register_forward_hook(_cast_output_hook(model_dtype))
+
+
+def _fp32_linear_forward(self: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
+    bias = None if self.bias is None else self.bias.float()
+    with torch.autocast(hidden.device.type, enabled=False):  # bf16=True's autocast would lower it
+        return torch.nn.functional.linear(hidden.float(), self.weight.float(), bias)
+
+
+def _cast_output_hook(dtype: torch.dtype):
+    def hook(module, args, output):
+        return output.to(dtype)
+
+    return hook

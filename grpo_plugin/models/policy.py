@@ -12,7 +12,6 @@ import contextlib
 import copy
 import logging
 import time
-import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +25,7 @@ from .._compat import (
     training_flags,
     unwrap_peft,
 )
+from ..engine.lm_head import cast_lm_head_to_fp32
 from .embedded import resolve_model_path
 from .setup_checks import check_copy_setup, check_lora, check_lora_keys, check_reference_setup
 
@@ -344,42 +344,6 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
         yield
     finally:
         set_training_flags(model, flags)
-
-
-def cast_lm_head_to_fp32(model: Any) -> None:
-    """Keep the LM head's weights in float32 and run it on float32 hidden states (ScaleRL,
-    https://arxiv.org/abs/2510.13786), so logits and log-probs come out of a float32 matmul.
-
-    With tied embeddings the shared weight becomes float32 too, and the embedding output is cast
-    back to the model's dtype. Refused when a LoRA adapter sits on the head (it would be bypassed).
-    """
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    base = unwrap_peft(model)
-    head = base.get_output_embeddings()
-    if isinstance(head, BaseTunerLayer):
-        raise ValueError(
-            "cast_lm_head_to_fp32=True is not supported with a LoRA adapter on lm_head: remove "
-            "'lm_head' from the adapter's target_modules, or set cast_lm_head_to_fp32=False."
-        )
-    model_dtype = head.weight.dtype
-    head.float()
-    head.forward = types.MethodType(_fp32_linear_forward, head)
-    if getattr(base.config, "tie_word_embeddings", False) and model_dtype != torch.float32:
-        base.get_input_embeddings().register_forward_hook(_cast_output_hook(model_dtype))
-
-
-def _fp32_linear_forward(self: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
-    bias = None if self.bias is None else self.bias.float()
-    with torch.autocast(hidden.device.type, enabled=False):  # bf16=True's autocast would lower it
-        return torch.nn.functional.linear(hidden.float(), self.weight.float(), bias)
-
-
-def _cast_output_hook(dtype: torch.dtype):
-    def hook(module, args, output):
-        return output.to(dtype)
-
-    return hook
 
 
 def router_aux_loss_coefficient(model: Any, requested: float | None) -> float:

@@ -4,16 +4,19 @@
 
 - prompts are left-padded; position ids come from the attention mask, as in HF generation;
 - with `share_prompt_prefix`, each distinct prompt is prefilled ONCE (P rows) and its KV cache is
-  expanded to its G rows with `Cache.batch_repeat_interleave`; TRL without vLLM prefills N = P*G
-  rows (the same prompt G times);
+  expanded to its G rows (lever `shared_prefill`, `engine/decode.py`); TRL without vLLM prefills
+  N = P*G rows (the same prompt G times);
 - next tokens are chosen by `sampler.next_tokens` (HF's processor order, one uniform per row per
   step from a noise source, `noise.py`: keyed on the prompt for training, so a row's draws never
   depend on the batch layout);
 - decoding stops at ANY eos id, finished rows leave the batch (and the KV cache) once they are a
   quarter of it, and the loop ends as soon as every row has finished.
 
-With `DecodeEngine.static` (`cache_implementation='static'`, `compile_decode`) the prefilled rows
-decode in `static_decode.py` instead: a preallocated cache, every row kept, fixed shapes.
+Every forward and every change to the KV cache goes through the engine's decoder
+(`engine/decode.py`: the prefill with prefix sharing, the step, dropping rows); with
+`DecodeSettings.static` (`cache_implementation='static'`, `compile_decode`) the engine's static
+decoder runs the loop of `static_decode.py` instead: a preallocated cache, every row kept, fixed
+shapes.
 
 The pieces are public for the multi-turn tool loop (`multiturn.py`): `prefill_and_decode` (with
 `DecodeSpec.drop_finished=False` every row stays in the cache), `continue_decoding` (prefill only the tokens
@@ -24,43 +27,19 @@ the cache through transformers' Cache API only (`batch_repeat_interleave`,
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import torch
 
-from .._compat import (
-    can_drop_cache_rows,
-    expand_cache,
-    keep_bnb_4bit_weights_trainable,
-    unwrap_peft,
-)
-from .._logging import warn_once
+from .._compat import keep_bnb_4bit_weights_trainable
 from ..core.tensors import left_pad, position_ids_from_mask
 from ..engine.decode import Decoder
 from .noise import GeneratorNoise
 from .replaced_generate import generate_groups_with, replaced_generate
 from .sampler import DecodeTrace
-from .static_decode import prefill_then_decode_static
+from .static_decode import decode_static
 from .types import Decoded, DecodeSpec, GenerationRequest, RolloutBatch
-
-
-def _prefill(decoder, unique_ids, unique_mask, group_size, share):
-    """Prefill the prompts; returns `(last_logits (N, V), cache, prefilled_tokens)`."""
-    if share:
-        logits, cache = decoder(unique_ids, unique_mask, position_ids_from_mask(unique_mask))
-        if cache is not None and expand_cache(cache, group_size):
-            return logits.repeat_interleave(group_size, 0), cache, int(unique_mask.sum())
-        warn_once(
-            "gen-share",
-            "share_prompt_prefix: this model's KV cache cannot be expanded along the batch; "
-            "prefilling every row instead (slower, same result).",
-        )
-    ids = unique_ids.repeat_interleave(group_size, 0)
-    mask = unique_mask.repeat_interleave(group_size, 0)
-    logits, cache = decoder(ids, mask, position_ids_from_mask(mask))
-    return logits, cache, int(mask.sum())
 
 
 def _check_prompts(prompt_ids: list[list[int]]) -> None:
@@ -132,21 +111,25 @@ def prefill_and_decode(
     """Prefill the P prompts (once per group with `share`) and decode their N = P * G rows:
     `(prompt ids (N, Lp), prompt mask (N, Lp), Decoded, prefilled tokens)`. The multi-turn loop
     keeps every row in the cache (`spec.drop_finished=False`) to continue it after a tool call."""
-    device = next(unwrap_peft(model).parameters()).device
+    decoder = Decoder(model, spec.engine)  # every forward and cache change of this decode
+    device = decoder.device
     spec = replace(spec, noise=spec.noise.to(device))
     unique_ids, unique_mask = left_pad(prompt_ids, spec.pad_token_id, device)  # (P, Lp)
     ids = unique_ids.repeat_interleave(group, 0)  # (N, Lp)
     mask = unique_mask.repeat_interleave(group, 0)  # (N, Lp)
-    decoder = Decoder(model)
-    logits, cache, prefilled = _prefill(decoder, unique_ids, unique_mask, group, share)
+    logits, cache, prefilled = decoder.prefill(unique_ids, unique_mask, group, share)
     seen = None
     if spec.sampling.repetition_penalty != 1.0:
         seen = torch.zeros(logits.shape, dtype=torch.bool, device=device)  # (N, V)
         seen.scatter_(1, ids, mask.bool())  # pad columns scatter False: only real tokens count
-    out = None
-    if spec.engine.static:
-        out = prefill_then_decode_static(model, logits, cache, mask, spec, seen)
-    if out is None:
+    static = (
+        decoder.static(logits, cache, mask, spec.sampling.max_new_tokens)
+        if spec.engine.static
+        else None
+    )
+    if static is not None:
+        out = decode_static(static, logits, mask, spec, seen)
+    else:
         out = decode(decoder, logits, cache, mask, spec, seen)
     return ids, mask, out, prefilled
 
@@ -169,7 +152,7 @@ def continue_decoding(
     Positions come from the mask, so each row continues at its own length.
     """
     appended_ids, appended_mask = appended
-    decoder = Decoder(model)
+    decoder = Decoder(model, spec.engine)
     attention = torch.cat([attention, appended_mask], dim=1)  # (A, W + B)
     positions = position_ids_from_mask(attention)[:, -appended_ids.shape[1] :]  # (A, B)
     logits, cache = decoder(appended_ids, attention, positions, cache)
@@ -178,7 +161,7 @@ def continue_decoding(
 
 
 def decode(
-    decoder: Callable,
+    decoder: Decoder,
     logits: torch.Tensor,
     cache: Any,
     attention: torch.LongTensor,
@@ -197,7 +180,7 @@ def decode(
     # (and the KV cache) once they make up a quarter of it, so short completions stop costing.
     active = torch.arange(rows, device=device)  # (A,) row index of each decoded row
     first_position = attention.sum(-1)  # (A,) position of each row's next token
-    drop = spec.drop_finished and can_drop_cache_rows(cache)
+    drop = spec.drop_finished and decoder.can_drop_rows(cache)
     for step in range(spec.sampling.max_new_tokens):
         picked = trace.step(logits, seen, active, step)  # (A,)
         if bool(trace.finished.all()) or step == spec.sampling.max_new_tokens - 1:
@@ -207,7 +190,7 @@ def decode(
             seen.scatter_(1, picked.unsqueeze(-1), True)
         if drop and int(done.sum()) * 4 >= len(active):
             keep = (~done).nonzero().squeeze(-1)  # (A',)
-            cache.batch_select_indices(keep)
+            decoder.keep_rows(cache, keep)
             active, attention, first_position = active[keep], attention[keep], first_position[keep]
             picked = picked[keep]
             seen = seen[keep] if seen is not None else None

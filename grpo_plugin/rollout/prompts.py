@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..engine.decode import DecodeSettings
 from .generation import generate_groups
 from .multiturn import pack, run_tool_loop
 from .noise import SamplingNoise
-from .types import DecodeEngine, GenerationRequest, GroupSampling, Rollout, RolloutBatch, StepHook
+from .types import GenerationRequest, GroupSampling, Rollout, RolloutBatch, StepHook
 
 
 def prompt_problem(prompt: Any) -> str | None:
@@ -139,7 +140,8 @@ def _sample_with_tools(model, tokenizer, rows, settings: GroupSampling, noise) -
         share_prompt_prefix=settings.share_prompt_prefix,
         noise=noise,
         record_logprobs=settings.record_logprobs,
-        engine=DecodeEngine(),  # the dynamic loop: tool results of unknown length join the cache
+        # the dynamic loop (tool results of unknown length join the cache), prefix sharing kept
+        engine=DecodeSettings(shared_prefill=settings.engine.shared_prefill),
     )
     result = run_tool_loop(model, tokenizer, prompt_ids, boxes, setup, request)
     completions = [t.messages for t in result.trajectories]

@@ -1,12 +1,12 @@
-"""The static-shape decode loop (`DecodeEngine.static_cache`, `DecodeEngine.compile`).
+"""The static-shape decode loop (`DecodeSettings.static_cache`, `DecodeSettings.compile`).
 
 The dynamic loop in `generation.py` grows the KV cache by one column per token, drops finished
 rows from the batch, and asks the host after every step whether all rows have finished. Each of
 those is a new shape or a device-to-host read, and a compiler (torch.compile, CUDA graphs) needs
 neither. This loop:
 
-- copies the prefilled cache into a transformers `StaticCache` whose width is the prompt width
-  plus `max_new_tokens`, rounded up to a multiple of `WIDTH_BUCKET` (fewer shapes to compile);
+- runs on the engine's static decoder (`engine/decode.py`), whose `StaticCache` holds the prefill
+  and is as wide as the prompt plus `max_new_tokens`, rounded up (fewer shapes to compile);
 - keeps one attention mask of that width and writes a 1 into the next column each step, in place;
 - keeps every row to the end (finished rows decode padding that nobody reads);
 - reads `finished.all()` back only every `check_every` steps (every step on a CPU, where it costs
@@ -14,8 +14,7 @@ neither. This loop:
 
 The decode step (the model's forward plus the last position's logits) can be compiled:
 `torch.compile(..., dynamic=False)`, with CUDA graphs (`mode="reduce-overhead"`) on a GPU. It
-compiles once per shape (rows, cache width) and model; on a 2-core CPU that is about a minute
-for SmolLM2-135M (docs/benchmarks.md has the measurements).
+compiles once per shape (rows, cache width) and model (its cost: docs/benchmarks.md).
 
 For the same draws the tokens are the dynamic loop's: each row reads the same uniform at each
 step (`noise.uniforms(rows, t)`), and masked columns add exact zeros to attention. Compiled
@@ -26,63 +25,27 @@ within that rounding of a token boundary.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import torch
 
-from .._compat import static_cache_from, unwrap_peft
-from .._logging import warn_once
 from ..engine.decode import StaticDecoder
 from .sampler import DecodeTrace
 from .types import Decoded, DecodeSpec
 
 logger = logging.getLogger(__name__)
 
-WIDTH_BUCKET = 64  # the static cache's width is a multiple of this
-
-
-def static_width(prompt_width: int, max_new_tokens: int) -> int:
-    """The static cache's width: the prompt, the new tokens, rounded up to `WIDTH_BUCKET`."""
-    need = prompt_width + max_new_tokens
-    return -(-need // WIDTH_BUCKET) * WIDTH_BUCKET
-
-
-def prefill_then_decode_static(
-    model: torch.nn.Module,
-    logits: torch.Tensor,
-    cache: Any,
-    attention: torch.LongTensor,
-    spec: DecodeSpec,
-    seen: torch.Tensor | None = None,
-) -> Decoded | None:
-    """Decode A prefilled rows (`cache`, `attention` `(A, W)`, last logits `(A, V)`) with a
-    static cache; None (and one warning) where this model's cache cannot be made static."""
-    width = static_width(attention.shape[1], spec.sampling.max_new_tokens)
-    static = static_cache_from(cache, unwrap_peft(model).config, width)
-    if static is None:
-        warn_once(
-            "static-cache",
-            "cache_implementation='static' / compile_decode: this model's KV cache has "
-            "sliding-window or hybrid layers, which the static loop does not handle; decoding "
-            "with the dynamic cache instead (same tokens, not compiled).",
-        )
-        return None
-    decoder = StaticDecoder(model, spec.engine.compile, width)
-    decoder.announce(attention.shape[0])
-    return decode_static(decoder, logits, static, attention, spec, seen)
-
 
 def decode_static(
     decoder: StaticDecoder,
     logits: torch.Tensor,
-    cache: Any,
     attention: torch.LongTensor,
     spec: DecodeSpec,
     seen: torch.Tensor | None = None,
 ) -> Decoded:
-    """The loop: `generation.decode`'s contract (tokens, live, finished, log-probs; `seen`
+    """The loop over the rows the engine's static decoder holds (`Decoder.static`, its cache
+    prefilled), from their last `logits` `(A, V)` and `attention` `(A, W)`. `generation.decode`'s contract (tokens, live, finished, log-probs; `seen`
     updated in place; `spec.on_step` after each step), every row kept, at fixed shapes."""
-    rows, device = logits.shape[0], logits.device
+    rows, device, cache = logits.shape[0], logits.device, decoder.cache
     trace = DecodeTrace(rows, spec, device)
     prompt_width = attention.shape[1]
     extra = decoder.width - prompt_width

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..core.tensors import pad_columns
+from ..engine.decode import DecodeSettings
 
 if TYPE_CHECKING:  # annotations only
     from .noise import SamplingNoise
@@ -75,32 +76,6 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
-class DecodeEngine:
-    """How the decode loop runs (not what it samples): the KV cache and compilation.
-
-    The default is the dynamic loop: the cache grows a column per token and finished rows leave
-    the batch. `static_cache` preallocates the cache and the attention mask at a fixed width
-    (`static_decode.py`): every row stays, shapes never change and the loop reads nothing back
-    to the host between checks, which is what `compile` (torch.compile of the model's decode
-    step; CUDA graphs on a GPU) needs. Same tokens as the dynamic loop for the same draws.
-    """
-
-    static_cache: bool = False  # a preallocated KV cache and mask (TRL's cache_implementation)
-    compile: bool = False  # torch.compile the decode step (implies static_cache)
-    # steps between the host's "has every row finished?" checks; 0: 1 on a CPU (a check costs
-    # nothing there), 16 on an accelerator (each check waits for the device)
-    check_every: int = 0
-
-    def __post_init__(self) -> None:
-        if self.check_every < 0:
-            raise ValueError(f"check_every must be >= 0 (0: by device), got {self.check_every}.")
-
-    @property
-    def static(self) -> bool:
-        return self.static_cache or self.compile
-
-
-@dataclass(frozen=True)
 class GenerationRequest:
     """What `generation.generate_groups` samples: G completions of each prompt, and how.
 
@@ -117,7 +92,7 @@ class GenerationRequest:
     noise: SamplingNoise | None = None  # one row of uniforms per completion (e.g. `KeyedNoise`)
     on_step: StepHook | None = None  # called after every decode step (`generation.decode`)
     record_logprobs: bool = False  # keep the sampled tokens' log-probs (`sampling_logps`)
-    engine: DecodeEngine = DecodeEngine()  # the decode loop's cache and compilation
+    engine: DecodeSettings = DecodeSettings()  # the decode loop's cache and compilation
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "eos_token_ids", tuple(int(i) for i in self.eos_token_ids))
@@ -151,7 +126,7 @@ class DecodeSpec:
     # the other filters: what the training forward computes (`Decoded.logprobs`)
     record_logprobs: bool = False
     on_step: StepHook | None = None  # called after every step
-    engine: DecodeEngine = DecodeEngine()  # static cache / compiled step (`static_decode.py`)
+    engine: DecodeSettings = DecodeSettings()  # static cache / compiled step (`static_decode.py`)
 
 
 @dataclass(frozen=True)
@@ -171,7 +146,7 @@ class GroupSampling:
     # multiturn imports this module, and the import-cycle test counts TYPE_CHECKING imports too.
     tools: Any = None
     record_logprobs: bool = False  # keep the sampling log-probs (`RolloutBatch.sampling_logps`)
-    engine: DecodeEngine = DecodeEngine()  # the decode loop's cache and compilation
+    engine: DecodeSettings = DecodeSettings()  # the decode loop's cache and compilation
 
 
 @dataclass

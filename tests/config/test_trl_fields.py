@@ -177,14 +177,23 @@ def test_rollout_copy_settings_are_checked_in_one_line(tmp_path, settings, match
     assert "\n" not in str(err.value)
 
 
-def test_cache_implementation_static_is_accepted_and_others_are_refused(tmp_path):
-    from grpo_plugin.rollout.types import DecodeEngine
+def _decode(args, device="cpu", single_turn=True):
+    from grpo_plugin.engine import PolicyEngine
+    from grpo_plugin.training.sampling.rollouts import decode_ask
 
-    assert make(tmp_path).decode_engine() == DecodeEngine()  # a CPU: the dynamic loop
-    assert make(tmp_path, cache_implementation="dynamic").decode_engine() == DecodeEngine()
-    static = make(tmp_path, cache_implementation="static").decode_engine()
-    assert static == DecodeEngine(static_cache=True)
-    compiled = make(tmp_path, compile_decode=True).decode_engine()
+    engine = PolicyEngine.build(device, args.fast_paths)
+    return engine.decode_settings(decode_ask(args, single_turn))
+
+
+def test_cache_implementation_static_is_accepted_and_others_are_refused(tmp_path, monkeypatch):
+    from grpo_plugin.engine.decode import DecodeSettings
+
+    monkeypatch.delenv("GRPO_PLUGIN_FAST_PATHS", raising=False)
+    assert _decode(make(tmp_path)) == DecodeSettings()  # a CPU: the dynamic loop
+    assert _decode(make(tmp_path, cache_implementation="dynamic")) == DecodeSettings()
+    static = _decode(make(tmp_path, cache_implementation="static"))
+    assert static == DecodeSettings(static_cache=True)
+    compiled = _decode(make(tmp_path, compile_decode=True))
     assert compiled.compile and compiled.static  # compiling implies the static cache
     with pytest.raises(ValueError) as err:
         make(tmp_path, cache_implementation="offloaded")
@@ -194,18 +203,23 @@ def test_cache_implementation_static_is_accepted_and_others_are_refused(tmp_path
     )
 
 
-def test_the_configs_decode_engine_follows_the_devices_plan(tmp_path, monkeypatch):
-    from grpo_plugin.rollout.types import DecodeEngine
+def test_the_decode_loop_follows_the_engines_plan(tmp_path, monkeypatch):
+    from grpo_plugin.engine.decode import DecodeSettings
 
     monkeypatch.delenv("GRPO_PLUGIN_FAST_PATHS", raising=False)
-    # compile_decode=None (the default): compiled (so static) on CUDA, not on a CPU
-    assert make(tmp_path).decode_engine("cuda") == DecodeEngine(compile=True)
-    assert make(tmp_path).decode_engine("cpu") == DecodeEngine()
-    # fast_paths=False is the reference plan: nothing compiled, on any device
-    assert make(tmp_path, fast_paths=False).decode_engine("cuda") == DecodeEngine()
+    # compile_decode=None (the default): compiled (so static) on CUDA for single turns only
+    assert _decode(make(tmp_path), "cuda") == DecodeSettings(compile=True)
+    assert _decode(make(tmp_path), "cuda", single_turn=False) == DecodeSettings()
+    assert _decode(make(tmp_path), "cpu") == DecodeSettings()
+    # the reference plan (fast_paths=False or the environment): the dynamic loop, every row
+    # prefilled, whatever was asked
+    reference = DecodeSettings(shared_prefill=False)
+    assert _decode(make(tmp_path, fast_paths=False), "cuda") == reference
+    assert _decode(make(tmp_path, fast_paths=False, compile_decode=True), "cpu") == reference
     monkeypatch.setenv("GRPO_PLUGIN_FAST_PATHS", "0")
-    assert make(tmp_path).decode_engine("cuda") == DecodeEngine()
-    # an explicit compile_decode wins over the plan; the cache stays as asked
+    assert _decode(make(tmp_path, cache_implementation="static"), "cuda") == reference
+    monkeypatch.delenv("GRPO_PLUGIN_FAST_PATHS")
+    # an explicit compile_decode wins over the device's plan; the cache stays as asked
     static = make(tmp_path, compile_decode=False, cache_implementation="static")
-    assert static.decode_engine("cuda") == DecodeEngine(static_cache=True)
-    assert make(tmp_path, compile_decode=True).decode_engine("cpu") == DecodeEngine(compile=True)
+    assert _decode(static, "cuda") == DecodeSettings(static_cache=True)
+    assert _decode(make(tmp_path, compile_decode=True), "cpu") == DecodeSettings(compile=True)

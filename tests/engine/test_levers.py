@@ -23,7 +23,7 @@ from grpo_plugin.engine import (
 from grpo_plugin.engine.forward import decoder_body
 from grpo_plugin.engine.fused_lora import fuse_lora_linears
 from grpo_plugin.engine.levers import LEVERS, relative_difference, verdict
-from grpo_plugin.engine.plan import decode_compiled, levers_for
+from grpo_plugin.engine.plan import levers_for
 
 GROUP = 3
 LEVER_LOG = "grpo_plugin.engine.levers"
@@ -87,11 +87,9 @@ def test_the_plan_per_device(monkeypatch):
     monkeypatch.delenv("GRPO_PLUGIN_FAST_PATHS", raising=False)
     assert levers_for("cpu") == Levers()
     gpu = levers_for("cuda")
-    assert gpu.names == ["shared_prompt"]  # transformers' attention and peft's own forward
+    # transformers' attention and peft's own forward; the decode levers
+    assert gpu.names == ["shared_prompt", "shared_prefill", "static_decode", "compiled_decode"]
     assert levers_for("cuda", fast_paths=False).names == []
-    assert decode_compiled(None, "cuda", True) and not decode_compiled(None, "cpu", True)
-    assert not decode_compiled(None, "cuda", False)  # the reference plan compiles nothing
-    assert decode_compiled(True, "cpu", True) and not decode_compiled(False, "cuda", True)
 
 
 def test_a_peft_layer_with_a_new_option_is_refused_and_runs_peft(tiny_model, monkeypatch, caplog):

@@ -258,7 +258,7 @@ def test_dropping_finished_rows_changes_nothing(tiny_tokenizer, tiny_model, monk
     eos = int(free.completion_ids[0, 2])
     compactions = []
     monkeypatch.setattr(
-        "grpo_plugin.rollout.generation.can_drop_cache_rows",
+        "grpo_plugin.engine.decode.can_drop_cache_rows",
         lambda c: compactions.append(1) or True,
     )
     compacted = _generate(
@@ -266,7 +266,7 @@ def test_dropping_finished_rows_changes_nothing(tiny_tokenizer, tiny_model, monk
     )
     lengths = compacted.completion_mask.sum(dim=1)
     assert lengths.min() < lengths.max() and compactions  # rows really were dropped
-    monkeypatch.setattr("grpo_plugin.rollout.generation.can_drop_cache_rows", lambda cache: False)
+    monkeypatch.setattr("grpo_plugin.engine.decode.can_drop_cache_rows", lambda cache: False)
     full = _generate(tiny_model, prompts, num_generations=2, temperature=0.0, eos_token_ids=[eos])
     assert torch.equal(compacted.completion_ids, full.completion_ids)
     assert torch.equal(compacted.completion_mask, full.completion_mask)

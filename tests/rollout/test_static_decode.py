@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_plugin.rollout import static_decode
+from grpo_plugin.engine import decode
+from grpo_plugin.engine.decode import DecodeSettings
+from grpo_plugin.rollout import generation
 from grpo_plugin.rollout.generation import generate_groups
 from grpo_plugin.rollout.noise import KeyedNoise, RolloutKey
-from grpo_plugin.rollout.types import DecodeEngine, GenerationRequest, SamplingParams
+from grpo_plugin.rollout.types import GenerationRequest, SamplingParams
 
 
 def _prompts(tok) -> list[list[int]]:
@@ -17,7 +19,7 @@ def _prompts(tok) -> list[list[int]]:
 
 
 def _request(
-    engine: DecodeEngine, eos: list[int], steps: int = 10, **sampling
+    engine: DecodeSettings, eos: list[int], steps: int = 10, **sampling
 ) -> GenerationRequest:
     noise = KeyedNoise.for_prompts(RolloutKey(3, 0), range(3), 4, steps)
     return GenerationRequest(
@@ -33,7 +35,7 @@ def _request(
 
 def _early_eos(model, prompts) -> int:
     """A token some rows sample early and others late or never: rows end at different steps."""
-    free = generate_groups(model, prompts, _request(DecodeEngine(), [2]))
+    free = generate_groups(model, prompts, _request(DecodeSettings(), [2]))
     counts = torch.bincount(free.completion_ids[:, :4].flatten())
     return int(counts.argmax())
 
@@ -51,10 +53,10 @@ def _assert_same(a, b) -> None:
 def test_static_cache_gives_the_dynamic_loops_tokens(tiny_tokenizer, tiny_model, check_every):
     prompts = _prompts(tiny_tokenizer)
     eos = [2, _early_eos(tiny_model, prompts)]
-    dynamic = generate_groups(tiny_model, prompts, _request(DecodeEngine(), eos))
+    dynamic = generate_groups(tiny_model, prompts, _request(DecodeSettings(), eos))
     lengths = dynamic.completion_mask.sum(1)
     assert lengths.min() < lengths.max()  # rows really end at different steps
-    engine = DecodeEngine(static_cache=True, check_every=check_every)
+    engine = DecodeSettings(static_cache=True, check_every=check_every)
     static = generate_groups(tiny_model, prompts, _request(engine, eos))
     _assert_same(static, dynamic)  # trimmed to the last row's end, whatever the check interval
 
@@ -69,19 +71,19 @@ def test_static_cache_with_penalty_top_k_and_lora(tiny_tokenizer, tiny_model):
     prompts = _prompts(tiny_tokenizer)
     settings = {"repetition_penalty": 1.3, "top_k": 20, "temperature": 0.8}
     eos = [2, _early_eos(policy, prompts)]
-    dynamic = generate_groups(policy, prompts, _request(DecodeEngine(), eos, **settings))
+    dynamic = generate_groups(policy, prompts, _request(DecodeSettings(), eos, **settings))
     static = generate_groups(
-        policy, prompts, _request(DecodeEngine(static_cache=True), eos, **settings)
+        policy, prompts, _request(DecodeSettings(static_cache=True), eos, **settings)
     )
     _assert_same(static, dynamic)
 
 
 def test_static_width_rounds_prompt_plus_budget_up_to_the_bucket():
-    assert static_decode.WIDTH_BUCKET == 64
-    assert static_decode.static_width(39, 24) == 64
-    assert static_decode.static_width(40, 24) == 64
-    assert static_decode.static_width(41, 24) == 128
-    assert static_decode.static_width(700, 64) == 768
+    assert decode.WIDTH_BUCKET == 64
+    assert decode.static_width(39, 24) == 64
+    assert decode.static_width(40, 24) == 64
+    assert decode.static_width(41, 24) == 128
+    assert decode.static_width(700, 64) == 768
 
 
 def test_the_loop_reads_the_host_only_at_its_checks(tiny_tokenizer, tiny_model, monkeypatch):
@@ -97,7 +99,7 @@ def test_the_loop_reads_the_host_only_at_its_checks(tiny_tokenizer, tiny_model, 
 
         monkeypatch.setattr(torch.Tensor, name, counted)
     prompts = _prompts(tiny_tokenizer)
-    engine = DecodeEngine(static_cache=True, check_every=5)
+    engine = DecodeSettings(static_cache=True, check_every=5)
     decoded = {}
 
     def spy(*args, **kwargs):
@@ -106,8 +108,8 @@ def test_the_loop_reads_the_host_only_at_its_checks(tiny_tokenizer, tiny_model, 
         decoded["reads"] = list(reads)
         return decoded["out"]
 
-    original_decode = static_decode.decode_static
-    monkeypatch.setattr(static_decode, "decode_static", spy)
+    original_decode = generation.decode_static
+    monkeypatch.setattr(generation, "decode_static", spy)
     never = len(tiny_tokenizer) + 7  # an end id no row samples
     request = _request(engine, [never], steps=12, temperature=0.0)
     batch = generate_groups(tiny_model, prompts, request)
@@ -118,12 +120,12 @@ def test_the_loop_reads_the_host_only_at_its_checks(tiny_tokenizer, tiny_model, 
 def test_a_cache_that_cannot_be_static_falls_back_with_one_warning(
     tiny_tokenizer, tiny_model, monkeypatch, caplog
 ):
-    monkeypatch.setattr(static_decode, "static_cache_from", lambda *a: None)
+    monkeypatch.setattr(decode, "static_cache_from", lambda *a: None)
     prompts = _prompts(tiny_tokenizer)
-    dynamic = generate_groups(tiny_model, prompts, _request(DecodeEngine(), [2]))
+    dynamic = generate_groups(tiny_model, prompts, _request(DecodeSettings(), [2]))
     with caplog.at_level("WARNING"):
         fallback = generate_groups(
-            tiny_model, prompts, _request(DecodeEngine(static_cache=True), [2])
+            tiny_model, prompts, _request(DecodeSettings(static_cache=True), [2])
         )
     _assert_same(fallback, dynamic)
     assert "decoding with the dynamic cache instead" in caplog.text
@@ -131,9 +133,9 @@ def test_a_cache_that_cannot_be_static_falls_back_with_one_warning(
 
 def test_engine_settings_are_checked():
     with pytest.raises(ValueError, match="check_every must be >= 0"):
-        DecodeEngine(check_every=-1)
-    assert DecodeEngine(compile=True).static  # compiling implies the static cache
-    assert not DecodeEngine().static
+        DecodeSettings(check_every=-1)
+    assert DecodeSettings(compile=True).static  # compiling implies the static cache
+    assert not DecodeSettings().static
 
 
 @pytest.mark.slow
@@ -141,8 +143,8 @@ def test_the_compiled_step_samples_the_same_tokens(tiny_tokenizer, tiny_model, c
     caplog.set_level("INFO", logger="grpo_plugin.engine.decode")
     prompts = _prompts(tiny_tokenizer)
     eos = [2, _early_eos(tiny_model, prompts)]
-    dynamic = generate_groups(tiny_model, prompts, _request(DecodeEngine(), eos))
-    compiled = generate_groups(tiny_model, prompts, _request(DecodeEngine(compile=True), eos))
+    dynamic = generate_groups(tiny_model, prompts, _request(DecodeSettings(), eos))
+    compiled = generate_groups(tiny_model, prompts, _request(DecodeSettings(compile=True), eos))
     assert torch.equal(compiled.completion_ids, dynamic.completion_ids)
     assert torch.equal(compiled.completion_mask, dynamic.completion_mask)
     torch.testing.assert_close(compiled.sampling_logps, dynamic.sampling_logps, atol=1e-4, rtol=0)

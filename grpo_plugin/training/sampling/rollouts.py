@@ -15,31 +15,30 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import replace
 from typing import Any
 
 import torch
 
 from ...core.objectives import LOSS_TYPES
 from ...core.tensors import left_pad
-from ...engine.levers import fast_paths_from_env
-from ...engine.rollout_copy import RolloutCopy, check_copyable, resolve_precision
+from ...engine import CopyAsk, DecodeAsk, DecodeSettings
+from ...engine.rollout_copy import check_copyable, resolve_precision
 from ...rollout.multiturn import ToolSetup
 from ...rollout.noise import SamplingNoise
 from ...rollout.prompts import eos_token_ids, sample_groups
-from ...rollout.types import DecodeEngine, GroupSampling, Rollout, RolloutBatch
+from ...rollout.types import GroupSampling, Rollout, RolloutBatch
 from . import overlap
 
 REQUIRED_KEYS = ("prompt_ids", "completion_ids", "logprobs")
 
 
 def group_sampling(
-    args: Any, tools: ToolSetup | None = None, record_logprobs: bool = False, engine: Any = None
+    args: Any, decode: DecodeSettings, tools: ToolSetup | None = None, record_logprobs: bool = False
 ) -> GroupSampling:
     """The `GroupSampling` of a `GRPOConfig`: its sampling params, G, prompt length, template
-    kwargs and prefix sharing, with the run's `tools` and the decode loop of `engine` (a
-    `DecodeEngine`; default: the config's on a CPU). (A function here, not a config method, so
-    the config stays a plain list of fields.)"""
+    kwargs and prefix sharing, with the run's `tools` and the decode loop the engine chose
+    (`decode`). (A function here, not a config method, so the config stays a plain list of
+    fields.)"""
     return GroupSampling(
         sampling=args.sampling_params(),
         num_generations=args.num_generations,
@@ -48,34 +47,19 @@ def group_sampling(
         share_prompt_prefix=args.share_prompt_prefix,
         record_logprobs=record_logprobs,  # a rollout copy's, for the sampling correction
         tools=tools,
-        engine=engine or args.decode_engine(),
+        engine=decode,
     )
 
 
-def decode_engine(args: Any, device: Any, single_turn: bool) -> DecodeEngine:
-    """The rollouts' decode loop on `device`: compiled where `compile_decode` says so, or (None,
-    the default) where the device's plan says so (CUDA, engine/plan.py) and the rollouts are
-    `single_turn` (no tools, no rollout_func)."""
-    engine = args.decode_engine(device)
-    if args.compile_decode is None and not single_turn:
-        engine = replace(engine, compile=False)
-    return engine
+def decode_ask(args: Any, single_turn: bool) -> DecodeAsk:
+    """What the config asks of the decode loop; the engine decides (`PolicyEngine.decode_settings`)."""
+    return DecodeAsk(args.cache_implementation == "static", args.compile_decode, single_turn)
 
 
-def default_scope(args: Any, single_turn: bool) -> str | None:
-    """`rollout_precision` with None (the default) narrowed to where the bf16 copy's learning was
-    measured: single-turn rollouts, `sampling_correction` on, a loss that takes the correction
-    (not VESPO: its definition refuses the correction), fast paths on (the reference mode samples from the policy). Outside it, 'policy';
-    inside, None, and the device decides on the first rollout
-    (`engine.rollout_copy.resolve_precision`). The number of processes is not a condition: every
-    process samples from its own copy, refreshed after each optimizer step from the weights that
-    are the same on all of them, so one process and several train alike."""
-    if args.rollout_precision is not None:
-        return args.rollout_precision
-    measured = single_turn and args.sampling_correction
-    fast = args.fast_paths and fast_paths_from_env()
+def copy_ask(args: Any, single_turn: bool) -> CopyAsk:
+    """What the config asks of the rollout copy; the engine decides (`PolicyEngine.rollout_precision`)."""
     takes_it = LOSS_TYPES[args.loss_type].correction_refused is None
-    return None if measured and fast and takes_it else "policy"
+    return CopyAsk(args.rollout_precision, single_turn, args.sampling_correction, takes_it)
 
 
 class RolloutSampler:
@@ -85,7 +69,7 @@ class RolloutSampler:
         self.trainer, self.tool_setup, self.rollout_func = trainer, tool_setup, rollout_func
         self.copy = None  # the cheaper copy the rollouts are sampled from (`rollout_precision`)
         # None and 'auto' are resolved on the first rollout
-        self._precision = default_scope(args, self.single_turn)
+        self._precision = trainer.engine.rollout_precision(copy_ask(args, self.single_turn))
         if self._precision not in (None, "policy", "auto"):
             check_copyable(policy, self._precision)  # one line, before any step
 
@@ -99,9 +83,7 @@ class RolloutSampler:
                 self._precision = "policy"
                 return model
             check_copyable(model, precision)
-            # compile_decode traces the copy's layers: plain ones, not oneDNN-packed ones
-            pack = self.trainer.engine.levers.packed_bf16 and not self._decode_engine().compile
-            self.copy = RolloutCopy(precision, pack=pack)
+            self.copy = self.trainer.engine.rollout_copy(precision, self._decode_settings())
         if self.copy is None:
             return model
         return self.copy.refresh(model, self.trainer.state.global_step)  # new at each step
@@ -111,9 +93,8 @@ class RolloutSampler:
         """No tools and no rollout_func: one completion per prompt, from our own loop."""
         return self.rollout_func is None and self.tool_setup is None
 
-    def _decode_engine(self) -> DecodeEngine:
-        args = self.trainer.args
-        return decode_engine(args, args.device, self.single_turn)
+    def _decode_settings(self) -> DecodeSettings:
+        return self.trainer.engine.decode_settings(decode_ask(self.trainer.args, self.single_turn))
 
     def sample(self, model, rows: list[dict[str, Any]], noise: SamplingNoise, on_step=None):
         a, tokenizer = self.trainer.args, self.trainer.processing_class
@@ -121,7 +102,7 @@ class RolloutSampler:
             return rollout_from_func(self.rollout_func, rows, self.trainer, a.num_generations)
         model = self._rollout_model(model)
         copied = self.copy is not None
-        settings = group_sampling(a, self.tool_setup, copied, self._decode_engine())
+        settings = group_sampling(a, self._decode_settings(), self.tool_setup, copied)
         try:
             return sample_groups(model, tokenizer, rows, settings, noise=noise, on_step=on_step)
         finally:

@@ -69,7 +69,7 @@ def resolve_tools(specs: Sequence[Any] | None, base_dir: str | Path | None = Non
 def _check_static_decode(args: Any, inputs: Any) -> None:
     """The static decode loop (`cache_implementation='static'`, `compile_decode`) runs single
     turns only: refused, before anything loads, next to tools, environments or a rollout_func."""
-    if not args.decode_engine().static:
+    if not (args.cache_implementation == "static" or args.compile_decode):
         return
     setting = "compile_decode=True" if args.compile_decode else "cache_implementation='static'"
     if inputs.rollout_func is not None:

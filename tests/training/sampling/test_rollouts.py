@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from grpo_plugin.rollout import static_decode
+from grpo_plugin.rollout import generation
 from tests.conftest import assert_same_training, make_trainer, tiny_lora
 
 
@@ -21,9 +21,9 @@ def test_a_static_cache_trains_exactly_as_the_dynamic_one(tiny_tokenizer, tmp_pa
     exact = {"rollout_precision": "policy"}
     dynamic = _trained(tiny_tokenizer, tmp_path / "d", **exact)
     calls = []
-    original = static_decode.decode_static
+    original = generation.decode_static
     monkeypatch.setattr(
-        static_decode, "decode_static", lambda *a, **k: calls.append(1) or original(*a, **k)
+        generation, "decode_static", lambda *a, **k: calls.append(1) or original(*a, **k)
     )
     static = _trained(tiny_tokenizer, tmp_path / "s", cache_implementation="static", **exact)
     assert len(calls) == 2  # one static rollout per step
@@ -59,28 +59,19 @@ def test_a_static_decode_with_a_rollout_func_is_refused_in_one_line(tiny_tokeniz
     )
 
 
-def test_the_cuda_plan_compiles_single_turn_decoding_by_default(tmp_path, monkeypatch):
-    from grpo_plugin.training.sampling.rollouts import decode_engine
-    from tests.conftest import tiny_config
-
-    monkeypatch.delenv("GRPO_PLUGIN_FAST_PATHS", raising=False)  # the plan with fast paths on
-
-    args = tiny_config(tmp_path)
-    assert args.compile_decode is None  # the default: the device's plan decides
-    cuda = decode_engine(args, "cuda", single_turn=True)
-    assert cuda.compile and cuda.static
-    assert not decode_engine(args, "cuda", single_turn=False).compile
-    assert not decode_engine(args, "cpu", single_turn=True).compile
-    off = tiny_config(tmp_path, fast_paths=False)
-    assert not decode_engine(off, "cuda", single_turn=True).compile
-    asked = tiny_config(tmp_path, compile_decode=True)
-    assert decode_engine(asked, "cpu", single_turn=True).compile
-
-
 @pytest.fixture
 def fast_paths_on(monkeypatch):
     """The default's scope with fast paths on, also under `make test-reference`'s environment."""
     monkeypatch.delenv("GRPO_PLUGIN_FAST_PATHS", raising=False)
+
+
+def default_scope(args, single_turn):
+    """What the engine picks for the rollout copy, from what the config asks."""
+    from grpo_plugin.engine import PolicyEngine
+    from grpo_plugin.training.sampling.rollouts import copy_ask
+
+    engine = PolicyEngine.build("cpu", args.fast_paths)
+    return engine.rollout_precision(copy_ask(args, single_turn))
 
 
 def _scope_args(**changes):
@@ -101,15 +92,11 @@ def _scope_args(**changes):
 def test_the_default_precision_is_narrowed_to_where_the_copy_was_measured(
     changes, single_turn, expected, fast_paths_on
 ):
-    from grpo_plugin.training.sampling.rollouts import default_scope
-
     # None: the device decides on the first rollout; a named precision is the user's
     assert default_scope(_scope_args(**changes), single_turn) == expected
 
 
 def test_the_reference_mode_from_the_environment_samples_from_the_policy(monkeypatch):
-    from grpo_plugin.training.sampling.rollouts import default_scope
-
     monkeypatch.setenv("GRPO_PLUGIN_FAST_PATHS", "0")
     assert default_scope(_scope_args(), single_turn=True) == "policy"
     assert default_scope(_scope_args(rollout_precision="bf16"), single_turn=True) == "bf16"
