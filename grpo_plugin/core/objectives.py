@@ -78,13 +78,13 @@ def objective_name(loss_type: str, importance_sampling_level: str, estimator: st
     ``"Dr. GRPO"``); the estimator ``"dr_grpo"`` ``"Dr. GRPO"``; anything else (``bnpo``
     included) ``"GRPO"``. ``PAPERS[name]`` is the paper's arXiv link.
     """
+    definition = loss_types.loss_type(loss_type)  # a registered one, or the choices
     _check_choice(
         "importance_sampling_level", importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS
     )
     _check_choice("estimator", estimator, ESTIMATORS)
-    if estimator == "rloo":
+    if estimator == "rloo":  # after the checks: an unknown loss type is refused here too
         return "RLOO"
-    definition = loss_types.loss_type(loss_type)  # a registered one, or the choices
     if definition.names_its_objective:
         return definition.objective
     if importance_sampling_level == "sequence":

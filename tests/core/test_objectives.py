@@ -442,3 +442,9 @@ def test_objective_names_and_papers():
     }
     with pytest.raises(ValueError, match="estimator must be one of"):
         objective_name("grpo", "token", "ppo")
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_objective_name_refuses_an_unknown_loss_type_whatever_the_estimator(estimator):
+    with pytest.raises(ValueError, match="loss_type must be one of"):
+        objective_name("ppo", "token", estimator)  # "rloo" too: checked before its early return
