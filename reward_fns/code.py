@@ -10,7 +10,7 @@ decides each one (``reward_fns._code_harness``), so the asserts decided before a
 verdicts; ``tests`` that cannot be read score ``None``. Outputs are compared on **all** lines (trailing spaces and
 blank lines ignored), not ``zip``-ed over a prefix as in open-r1's checker. Runs go through a
 thread pool of ``2 * os.cpu_count()`` workers (sandbox start-up is partly latency, so 2x
-oversubscription measured ~1.5x faster than one per core on the 2-core CI machine).
+oversubscription ran faster than one worker per core: docs/sandbox.md).
 
 The sandbox itself (what is and is not isolated) is documented in ``reward_fns.sandbox``.
 """

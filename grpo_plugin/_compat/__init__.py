@@ -10,19 +10,19 @@ library internals: it calls these helpers.
 | `cache_argument_name`               | transformers < 5.24 (`past_key_values`, the declared floor 5.23 among them) vs 5.24+ (`cache`) | transformers < 5.24 is unsupported |
 | `output_cache`                      | the same rename on model outputs      | the same                       |
 | `accepts_logits_to_keep`            | transformers 4.45+ models take `logits_to_keep` (older and some remote-code models do not) | every supported model takes it |
-| `last_position_to_keep`             | torch 2.13 CPU: the LM head on the last position sliced from a prefill (`(B, 1, H)`, not contiguous) runs as a batched matmul over a copy of the weight expanded B times: 133 ms instead of 2 ms for SmolLM2's head in bf16, 7.4 vs 2.7 ms in fp32 (Xeon, 2 rows) | torch folds a strided 3-D input into one matmul |
+| `last_position_to_keep`             | torch 2.13 CPU: the LM head on the last position sliced from a prefill (`(B, 1, H)`, not contiguous) runs as a batched matmul over a copy of the weight expanded B times, many times slower than one product (docs/benchmarks.md, history, "The prefill's LM head") | torch folds a strided 3-D input into one matmul |
 | `expand_cache`, `can_drop_cache_rows` | caches without `batch_repeat_interleave` / `batch_select_indices` (transformers 5.x: static, hybrid and some remote-code caches) | every cache implements both |
 | `cache_tensors`, `dynamic_cache_of` | transformers 5.x keeps a `DynamicCache`'s keys/values on `cache.layers[i].keys/.values` (a `DynamicLayer` each) and builds one from tensors through `ddp_cache_data`; None for other layer kinds (sliding window, hybrid, remote code) | transformers has a public tensors-in/tensors-out cache API |
 | `static_cache_from`                 | transformers 5.23-5.25 builds a `StaticCache` only empty (its layers allocate on the first `update`), so a prefilled dynamic cache is copied in through `update`, layer by layer; refused (None) for sliding-window or hybrid layers | transformers converts a dynamic cache to a static one |
-| `training_flags`, `set_training_flags` | transformers 5.25 `PreTrainedModel.train` kernelizes the whole model again (a walk over every module) on each mode change whenever the `kernels` package is installed (its default `use_kernels`): a rollout's eval/train switch cost 34.5 ms on SmolLM2 + LoRA, about 1% of a `short` step; the flags are set directly, and a module with a `train` of its own (peft's DoRA) still gets its call | transformers kernelizes only when a kernel mapping applies |
-| `gradient_checkpointing_active`     | transformers 5.x renamed `is_gradient_checkpointing` to `is_activation_checkpointing`, whose `hasattr` on every module raises on each miss (9.5 ms per call on SmolLM2 + LoRA); the same test, read without the raise | the old name is removed (v6) and the property is cheap |
+| `training_flags`, `set_training_flags` | transformers 5.25 `PreTrainedModel.train` kernelizes the whole model again (a walk over every module) on each mode change whenever the `kernels` package is installed (its default `use_kernels`), on every rollout's eval/train switch (docs/benchmarks.md, history, "No re-kernelizing per rollout"); the flags are set directly, and a module with a `train` of its own (peft's DoRA) still gets its call | transformers kernelizes only when a kernel mapping applies |
+| `gradient_checkpointing_active`     | transformers 5.x renamed `is_gradient_checkpointing` to `is_activation_checkpointing`, whose `hasattr` on every module raises on each miss (its cost: docs/benchmarks.md, history, "No re-kernelizing per rollout"); the same test, read without the raise | the old name is removed (v6) and the property is cheap |
 | `unwrap_peft`                       | peft 0.21 `PeftModel` wraps the transformers model | -- (peft API, kept as one call site) |
 | `generation_default`                | transformers 5.x leaves GenerationConfig fields None and keeps the effective defaults in a private table | transformers exposes its generation defaults publicly |
 | `launched_without_accelerators`     | accelerate 1.15 runs each process of a GPU-less `torchrun` / `--multi_gpu` launch as its own one-process job | accelerate selects MULTI_CPU (gloo) for such launches |
 | `launched_alone`                    | accelerate 1.16 starts several CPU processes only through mpirun (`--mpirun_hostfile`): `distributed_type: MULTI_CPU`, or `--cpu --num_processes N`, without it starts ONE process per `accelerate launch`, with no rank (each machine an independent one-process run, all racing for one output_dir) | accelerate's CPU launcher starts N processes itself (or refuses) |
 | `fsdp2_parameters_held`             | torch 2.13 FSDP2 has no public "unshard and keep until I say" API (private `_get_fsdp_state`, `_lazy_init`, `post_forward_mesh_info`) | FSDP2 exposes one |
 | `release_process_group`             | torch 2.13 gloo: a process group left to interpreter shutdown sometimes aborts a process that finished its work (SIGABRT, "terminate called without an active exception"; seen in ~2 of 13 two-process test runs, and once in CI after `destroy_process_group` alone: a finished trainer's DDP wrapper, kept by a reference cycle, still held the group) | torch destroys it cleanly at exit |
-| `reuse_freed_cpu_memory`            | glibc malloc hands every tensor over its mmap threshold (128 KB, rising to at most 32 MB) fresh pages and returns them on free, so each step's big CPU tensors page-fault again: a 75-MB subtraction took 20.6 ms fresh vs 7.1 ms into a reused buffer (18,433 faults; Xeon VM), about 0.4 s of a 3.5-s `short` step; torch has no CPU caching allocator | torch caches CPU allocations, as its CUDA allocator does |
+| `reuse_freed_cpu_memory`            | glibc malloc hands every tensor over its mmap threshold (128 KB, rising to at most 32 MB) fresh pages and returns them on free, so each step's big CPU tensors page-fault again, several times slower than into a reused buffer (docs/benchmarks.md, history, "Fresh pages on every step"); torch has no CPU caching allocator | torch caches CPU allocations, as its CUDA allocator does |
 | `cpu_has_bf16_units`                | torch 2.13 tells a CPU's AVX512-BF16 / AMX only through private `torch.cpu._is_*_supported` | torch exposes CPU features publicly |
 | `lora_init_known`, `LORA_INIT_OPTIONS` | peft 0.21 checks an `init_lora_weights` string only when it builds the adapter (after the model loaded); its list, to refuse an unknown one before | peft validates `init_lora_weights` in `LoraConfig` |
 | `lora_variant_fields`               | peft 0.21 picks a LoRA variant (DoRA, aLoRA, Arrow, MiCA, ...) from `LoraConfig` fields tagged `is_lora_variant` in their metadata (and `init_lora_weights` values listed there); read before the model loads, to refuse a rollout copy that cannot follow the variant | peft exposes a public "which variant" call on a config |
@@ -179,8 +179,8 @@ def set_training_flags(model: torch.nn.Module, flags: bool | list[bool]) -> None
     """Set every module's `training` flag (one value, or each its own from `training_flags`)
     without transformers' `PreTrainedModel.train`: with the `kernels` package installed
     (transformers >= 5.25 depends on it) each call that changes the mode kernelizes the whole
-    model again, walking every module; a rollout's eval/train switch took 34.5 ms on SmolLM2 +
-    LoRA (2,499 modules), 14 ms of it the flags. A module whose class has a `train` of its own
+    model again, walking every module, on every rollout's eval/train switch (measured in
+    docs/benchmarks.md, history, "No re-kernelizing per rollout"). A module whose class has a `train` of its own
     (peft's DoRA clears a cache there) still gets its own call."""
     from transformers import PreTrainedModel
 
@@ -295,8 +295,8 @@ def can_drop_cache_rows(cache) -> bool:
 def gradient_checkpointing_active(model: torch.nn.Module) -> bool:
     """Whether any module checkpoints its activations: transformers' `is_activation_checkpointing`
     (5.x; `is_gradient_checkpointing` before, now a warning), read from the modules without its
-    `hasattr` on each (a raised AttributeError per module: 9.5 ms on SmolLM2 + LoRA's 2,499
-    modules, once per training step)."""
+    `hasattr` on each (a raised AttributeError per module, once per training step; its cost:
+    docs/benchmarks.md, history, "No re-kernelizing per rollout")."""
     base = unwrap_peft(model)
     if not isinstance(base, torch.nn.Module):
         return False

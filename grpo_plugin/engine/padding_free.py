@@ -166,8 +166,9 @@ class PackedRows:
         `options` (the attention call's keywords), rows wider than 2 x head dim, where the
         `(N, heads, T, L + T)` probabilities kept for backward outgrow the copied keys and values
         SDPA keeps, or a device other than the CPU. For a training micro-batch's small rows on a
-        CPU this is 2x faster than SDPA's flash kernel forward + backward (SmolLM2's shapes,
-        16 x 24 tokens: 3.15 -> 1.54 ms per layer), the same sums up to rounding."""
+        CPU this is faster than SDPA's flash kernel forward + backward (measured on SmolLM2's
+        shapes: docs/benchmarks.md, history, "attention by matrix products"), the same sums up
+        to rounding."""
         rows, heads, width, dim = query.shape
         kv_heads, keys = key.shape[1], key.shape[2]
         plain = not options.get("dropout") and options.get("position_bias") is None

@@ -7,8 +7,8 @@ plain transformers model with the LoRA adapter merged in (no adapter matmuls per
 - 'bf16': every weight in bfloat16; on an x86 CPU the linear weights (the LM head too, unless
   its tied table cannot be read from the policy instead) are kept in oneDNN's blocked layout
   (`engine.kernels.PackedBf16Linear`), packed at each refresh instead of reordered by torch on every
-  call (a 16-row decode step of SmolLM2: 39.8 ms instead of 49.5; not with `compile_decode`,
-  whose compiler packs for itself);
+  call (a faster decode step: docs/benchmarks.md, history, "packed weights in the copy"; not
+  with `compile_decode`, whose compiler packs for itself);
 - 'fp16': the linear layers hold float16 weights and compute in float32 (fbgemm's packed fp16
   GEMM, CPU only), the rest in float32: half the bytes where bf16 is not native. (An int8 copy
   through torch's dynamic quantization was tried and dropped: it quantizes the activations too,
@@ -19,8 +19,8 @@ It is built once, on the first rollout, and never trained or written back. Befor
 whose policy has changed (a new optimizer step) the weights that training moves are copied in:
 for LoRA, each adapted layer's W + (alpha / r) B A (peft's own `get_delta_weight`); for full
 fine-tuning, every trainable parameter. An fp16 copy of a LoRA policy is the exception: packing
-fp16 weights is slow (about 1.2 s per step for SmolLM2's 210 adapted layers, most of what the
-copy saved on short rollouts), so there the adapters stay apart, the base weights are packed
+fp16 weights is slow (for SmolLM2's 210 adapted layers most of what the copy saved on short
+rollouts: docs/benchmarks.md, history, "a refresh-free fp16 copy"), so there the adapters stay apart, the base weights are packed
 once and each adapted layer adds the policy's own adapter, read live: nothing to refresh. A
 DoRA (or other LoRA variant) policy is refused: W + B A is not its merged weight. Frozen weights
 were cast once and stay. Between rollouts a bf16 copy holds none of the tensors that refresh

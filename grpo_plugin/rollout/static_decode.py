@@ -14,7 +14,8 @@ neither. This loop:
 
 The decode step (the model's forward plus the last position's logits) can be compiled:
 `torch.compile(..., dynamic=False)`, with CUDA graphs (`mode="reduce-overhead"`) on a GPU. It
-compiles once per shape (rows, cache width) and model (its cost: docs/benchmarks.md).
+compiles once per shape (rows, cache width) and model, which takes a while on a CPU
+(docs/benchmarks.md, history, "The decode loop", has the measurements).
 
 For the same draws the tokens are the dynamic loop's: each row reads the same uniform at each
 step (`noise.uniforms(rows, t)`), and masked columns add exact zeros to attention. Compiled
