@@ -64,7 +64,7 @@ class PolicyEngine:
     def build(cls, device: torch.device | str, fast_paths: bool = True) -> PolicyEngine:
         """The engine of a policy on `device` (`fast_paths=False`: the reference plan)."""
         fast = fast_paths and fast_paths_from_env()
-        return cls(levers_for(device, fast_paths), torch.device(device).type, fast)
+        return cls(levers_for(device, fast), torch.device(device).type, fast)
 
     def decode_settings(self, ask: DecodeAsk) -> DecodeSettings:
         """How the rollouts decode: what the run asks, where the levers allow it (plan.py)."""

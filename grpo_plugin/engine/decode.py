@@ -98,37 +98,37 @@ class Decoder:
         """Prefill the P prompts `(P, Lp)` for their N = P * G rows: `(last logits (N, V), cache,
         prefilled tokens)`. With `share` and lever `shared_prefill`, each prompt is encoded once
         and its cache expanded to its G rows (TRL without vLLM prefills all N); the first time
-        this meets a model it is checked against every row prefilled."""
-        if share and self.settings.shared_prefill:
+        this meets a model it is checked against every row prefilled, whose result is used
+        when the check turns the lever off."""
+        known = verdict("shared_prefill", self.model)  # None: not checked on this model yet
+        if share and self.settings.shared_prefill and known is not False:
             logits, cache = self(unique_ids, unique_mask, position_ids_from_mask(unique_mask))
             if cache is not None and expand_cache(cache, group_size):
                 logits = logits.repeat_interleave(group_size, 0)  # (N, V)
-                if self._admit_shared(logits, unique_ids, unique_mask, group_size):
-                    return logits, cache, int(unique_mask.sum())
-            else:
-                warn_once(
-                    "gen-share",
-                    "share_prompt_prefix: this model's KV cache cannot be expanded along the "
-                    "batch; prefilling every row instead (slower, same result).",
-                )
-        ids = unique_ids.repeat_interleave(group_size, 0)
-        mask = unique_mask.repeat_interleave(group_size, 0)
+                shared = logits, cache, int(unique_mask.sum())
+                if known:
+                    return shared
+                every_row = self._every_row(unique_ids, unique_mask, group_size)
+                difference = relative_difference(logits, every_row[0])
+                ok = admitted("shared_prefill", self.model, self.scaled(difference))
+                return shared if ok else every_row
+            warn_once(
+                "gen-share",
+                "share_prompt_prefix: this model's KV cache cannot be expanded along the "
+                "batch; prefilling every row instead (slower, same result).",
+            )
+        return self._every_row(unique_ids, unique_mask, group_size)
+
+    def _every_row(self, unique_ids, unique_mask, group_size: int):
+        """The reference prefill: each prompt's G rows encoded apart."""
+        ids = unique_ids.repeat_interleave(group_size, 0)  # (N, Lp)
+        mask = unique_mask.repeat_interleave(group_size, 0)  # (N, Lp)
         logits, cache = self(ids, mask, position_ids_from_mask(mask))
         return logits, cache, int(mask.sum())
 
-    def _admit_shared(self, shared_logits, unique_ids, unique_mask, group_size: int) -> bool:
-        known = verdict("shared_prefill", self.model)
-        if known is not None:
-            return known
-        ids = unique_ids.repeat_interleave(group_size, 0)
-        mask = unique_mask.repeat_interleave(group_size, 0)
-        every_row, _ = self(ids, mask, position_ids_from_mask(mask))  # (N, V)
-        difference = relative_difference(shared_logits, every_row)
-        return admitted("shared_prefill", self.model, scaled_difference(difference, self.dtype))
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.model.parameters()).dtype
+    def scaled(self, difference: float) -> float:
+        """An admission check's difference in float32 terms for this model's dtype."""
+        return scaled_difference(difference, next(self.model.parameters()).dtype)
 
     def can_drop_rows(self, cache: Any) -> bool:
         """Whether finished rows can leave this cache (and the batch)."""
@@ -144,10 +144,6 @@ class Decoder:
         cannot be made static or its admission check turned the lever off (the dynamic loop
         then runs, same tokens)."""
         width = static_width(attention.shape[1], max_new_tokens)
-        probe = None
-        if not self._static_known():  # the check's own caches: the loop's stay untouched
-            probe = (logits, copy.deepcopy(cache), attention)
-            probe += (static_cache_from(cache, self.model.config, width),)
         static = static_cache_from(cache, self.model.config, width)
         if static is None:
             warn_once(
@@ -159,12 +155,11 @@ class Decoder:
             return None
         decoder = StaticDecoder(self, width, static)
         decoder.announce(attention.shape[0])
-        if probe is not None and not decoder.admit(self, *probe):
-            return None
-        return decoder
-
-    def _static_known(self) -> bool:
-        return verdict(_static_lever(self.settings), self.model) is not None
+        known = verdict(decoder.lever, self.model)
+        if known is None:  # checked on copies of both caches: the loop's stay untouched
+            probe_static = static_cache_from(cache, self.model.config, width)
+            known = decoder.admit(self, logits, copy.deepcopy(cache), attention, probe_static)
+        return decoder if known else None
 
     def __call__(self, input_ids, attention_mask, position_ids, cache=None):
         kwargs = {self.cache_arg: cache, "use_cache": True}
@@ -236,8 +231,7 @@ class StaticDecoder:
         mask[:, width] = 1
         fast, _ = self(probe, mask, positions, static_cache)
         difference = relative_difference(fast, reference)
-        tolerance_dtype = next(self.model.parameters()).dtype
-        return admitted(self.lever, self.model, scaled_difference(difference, tolerance_dtype))
+        return admitted(self.lever, self.model, dynamic.scaled(difference))
 
     def announce(self, rows: int) -> None:
         """Log, once per shape, that the next step compiles; its cost is logged after it."""
