@@ -34,7 +34,8 @@ _ALIASES = (
 
 @dataclasses.dataclass
 class _ActivationCheckpointingFields:
-    """transformers 5.23's two fields, for the versions before it (a base of `GRPOConfig`)."""
+    """transformers 5.23's two fields, for the versions before it: `GRPOConfig`'s first base, so
+    that they come after `TrainingArguments`' own (`GRPOConfig("out")` is still `output_dir`)."""
 
     activation_checkpointing: bool | None = dataclasses.field(
         default=None,

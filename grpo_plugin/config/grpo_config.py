@@ -85,7 +85,7 @@ def _refused(name: str) -> Any:
 
 
 @dataclass
-class GRPOConfig(TrainingArguments, ActivationCheckpointingFields):  # the latter: _compat
+class GRPOConfig(ActivationCheckpointingFields, TrainingArguments):  # the former: _compat
     """Configuration for `GRPOTrainer`. Every field has help text (`--help` in the CLI shows it)."""
 
     # === 1. model and data (TRL's) ================================================================

@@ -56,3 +56,8 @@ def test_the_recipe_key_and_the_flag_reach_the_config():
     recipe = build_recipe({"dataset": {"name": "arithmetic"}, "activation_checkpointing": True})
     assert _flags(recipe.config) == (True, True)
     assert parse_overrides(["--activation_checkpointing"]) == {"activation_checkpointing": True}
+
+
+def test_output_dir_is_still_the_first_positional_field(tmp_path):
+    config = GRPOConfig(str(tmp_path / "out"))  # TRL's scripts pass it so
+    assert config.output_dir == str(tmp_path / "out") and config.activation_checkpointing is False
