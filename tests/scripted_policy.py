@@ -24,7 +24,7 @@ ASSISTANT = "<|im_start|>assistant\n"
 END = "<|im_end|>"
 BIAS = 50.0  # softmax puts ~all the mass on the scripted token, at any temperature used here
 # transformers 5.24 renamed the KV-cache argument `past_key_values` to `cache`; the floors venv
-# (docs/dependencies.md) runs 5.23. `forward` takes both and passes the cache on by the base
+# (docs/dependencies.md) runs 5.16.1. `forward` takes both and passes the cache on by the base
 # model's name (the plugin picks `cache` from this signature: `_compat.cache_argument_name`).
 _CACHE_ARG = (
     "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters

@@ -7,7 +7,8 @@ library internals: it calls these helpers.
 |-------------------------------------|---------------------------------------|--------------------------------|
 | `keep_bnb_4bit_weights_trainable`   | bitsandbytes 0.50 on AVX512-BF16 CPUs | bnb's CPU repack keeps autograd |
 | `quiet_bnb_kernel_warnings`         | bitsandbytes 0.50 on AVX512-BF16 CPUs asks `kernels` (transformers >= 5.25 depends on it) for a Hub kernel at import; both warn offline, bnb falls back to its own CPU code | bnb stops fetching kernels at import |
-| `cache_argument_name`               | transformers < 5.24 (`past_key_values`, the declared floor 5.23 among them) vs 5.24+ (`cache`) | transformers < 5.24 is unsupported |
+| `ActivationCheckpointingFields`, `mirror_activation_checkpointing` | transformers < 5.23 (the floor 5.16.1 among them) has only `gradient_checkpointing(_kwargs)`; `GRPOConfig` gets 5.23's `activation_checkpointing(_kwargs)` (a recipe key) and both names hold one value, the new one's when set (`checkpointing.py`) | transformers < 5.23 is unsupported |
+| `cache_argument_name`               | transformers < 5.24 (`past_key_values`, the declared floor among them) vs 5.24+ (`cache`) | transformers < 5.24 is unsupported |
 | `output_cache`                      | the same rename on model outputs      | the same                       |
 | `accepts_logits_to_keep`            | transformers 4.45+ models take `logits_to_keep` (older and some remote-code models do not) | every supported model takes it |
 | `last_position_to_keep`             | torch 2.13 CPU: the LM head on the last position sliced from a prefill (`(B, 1, H)`, not contiguous) runs as a batched matmul over a copy of the weight expanded B times, many times slower than one product (docs/benchmarks.md, history, "The prefill's LM head") | torch folds a strided 3-D input into one matmul |

@@ -8,10 +8,13 @@ from typing import Any
 
 def training_args_dict_fields() -> list[str]:
     """The `TrainingArguments` fields whose JSON strings (`'{...}'`) transformers turns into dicts
-    in `__post_init__`: its private `_VALID_DICT_FIELDS`, which a subclass extends with its own."""
+    in `__post_init__`: its private `_VALID_DICT_FIELDS`, which a subclass extends with its own
+    (and, before transformers 5.23, `activation_checkpointing_kwargs`: `checkpointing.py`)."""
     from transformers import TrainingArguments
 
-    return list(TrainingArguments._VALID_DICT_FIELDS)
+    from .checkpointing import activation_checkpointing_dict_fields
+
+    return list(TrainingArguments._VALID_DICT_FIELDS) + activation_checkpointing_dict_fields()
 
 
 def set_scheduler_last_lr(scheduler: Any, lrs: list[float]) -> None:

@@ -36,6 +36,7 @@ from typing import Any
 from transformers import TrainingArguments
 
 from .._compat import training_args_dict_fields
+from .._compat.checkpointing import ActivationCheckpointingFields, mirror_activation_checkpointing
 from ..core.objectives import LOSS_TYPES, LossParams
 from ..core.sampling_correction import CorrectionParams
 from ..rollout.chat_tools import DEFAULT_TOOL_TEMPLATE
@@ -83,7 +84,7 @@ def _refused(name: str) -> Any:
 
 
 @dataclass
-class GRPOConfig(TrainingArguments):
+class GRPOConfig(ActivationCheckpointingFields, TrainingArguments):  # the former: _compat
     """Configuration for `GRPOTrainer`. Every field has help text (`--help` in the CLI shows it)."""
 
     # === 1. model and data (TRL's) ================================================================
@@ -534,6 +535,7 @@ class GRPOConfig(TrainingArguments):
     def __post_init__(self) -> None:
         # Before TrainingArguments' own, which would default (eval_steps, bf16) or refuse
         # (bf16 on a CPU) these first.
+        mirror_activation_checkpointing(self)  # transformers < 5.23 (_compat)
         set_evaluation_defaults(self)
         set_run_defaults(self)
         check_autopilot_memory(self)
