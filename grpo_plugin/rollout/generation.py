@@ -35,11 +35,13 @@ import torch
 from .._compat import keep_bnb_4bit_weights_trainable
 from ..core.tensors import left_pad, position_ids_from_mask
 from ..engine.decode import Decoder
+from ..engine.vllm_engine import VllmEngine
 from .noise import GeneratorNoise
 from .replaced_generate import generate_groups_with, replaced_generate
 from .sampler import DecodeTrace
 from .static_decode import decode_static
 from .types import Decoded, DecodeSpec, GenerationRequest, RolloutBatch
+from .vllm_generation import generate_groups_vllm
 
 
 def _check_prompts(prompt_ids: list[list[int]]) -> None:
@@ -73,6 +75,8 @@ def generate_groups(
     `request.generator` in call order; `request.on_step` runs after every decode step.
     """
     _check_prompts(prompt_ids)
+    if isinstance(model, VllmEngine):  # use_vllm: the engine samples (vllm_generation.py)
+        return generate_groups_vllm(model, prompt_ids, request)
     keep_bnb_4bit_weights_trainable(model)
     replaced = replaced_generate(model)
     if replaced is not None:  # user code replaced model.generate: honour it (replaced_generate.py)

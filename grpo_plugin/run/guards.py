@@ -19,6 +19,28 @@ class NonFiniteError(FloatingPointError):
     """A NaN or inf where training needs a finite number; the message names the step."""
 
 
+class RolloutDriftError(RuntimeError):
+    """The vLLM engine's samples do not come from the policy's current weights; names the step."""
+
+
+DRIFT_METRIC = "sampling/sampling_logp_difference/mean"
+
+
+def check_rollout_drift(metrics: dict[str, float], limit: float | None, step: int) -> None:
+    """The sync check of `use_vllm`: a micro-batch's mean |log pi_policy - log pi_vllm| over its
+    sampled tokens (`metrics[DRIFT_METRIC]`, from the sampling correction) above `limit`."""
+    drift = metrics.get(DRIFT_METRIC)
+    if limit is None or drift is None or drift <= limit:
+        return
+    raise RolloutDriftError(
+        f"step {step + 1}: vLLM's samples have log-probs {drift:.3g} nats per token away from "
+        f"the policy's on the same tokens (vllm_max_logp_drift={limit:g}): the engine is not "
+        "sampling from the policy's current weights (a weight sync that did not happen, or the "
+        "adapter missing from the served weights). Stopped before the optimizer step, so "
+        "nothing of this step was trained; the checkpoints are kept."
+    )
+
+
 def check_advantages(advantages: torch.Tensor, rewards: torch.Tensor, step: int) -> None:
     """`advantages` `(N,)` and the rewards `(N,)` (NaN = unscored) they came from."""
     if bool(torch.isfinite(advantages).all()):

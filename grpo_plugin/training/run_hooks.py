@@ -23,7 +23,12 @@ class RunHooks:
         """`Trainer.train`, plus: the output dir locked (one run at a time, no silent rerun
         mixing), an exact resume (`True`: the newest complete checkpoint), and SIGTERM or a first
         Ctrl-C saving a checkpoint before `TrainingInterrupted` is raised."""
-        return lifecycle.train(self, super().train, resume_from_checkpoint, trial=trial, **kwargs)
+        try:
+            return lifecycle.train(
+                self, super().train, resume_from_checkpoint, trial=trial, **kwargs
+            )
+        finally:
+            self._sampler.close()  # the vLLM engine, if any, before the process exits
 
     def _get_output_dir(self, trial) -> str:
         return self._staging_dir or super()._get_output_dir(trial)

@@ -342,6 +342,10 @@ class GRPOTrainer(TRLAttributes, TrainerLoaders, RunHooks, Trainer):
             training=model.training,
         )
         guards.check_loss(loss, self.state.global_step)
+        if model.training and self.args.use_vllm:  # the engine's sync, checked every micro-batch
+            guards.check_rollout_drift(
+                metrics, self.args.vllm_max_logp_drift, self.state.global_step
+            )
         if model.training and self.accelerator.sync_gradients:
             metrics.update(self.training_objective.end_optimizer_step())
         self._metrics.update(metrics)

@@ -43,9 +43,7 @@ def test_every_trl_field_at_its_default_is_accepted(tmp_path):
 
 
 REFUSED_EXAMPLES = {
-    "use_vllm": True,
-    "vllm_mode": "server",
-    "vllm_gpu_memory_utilization": 0.5,
+    "vllm_server_host": "10.0.0.1",
     "ds3_gather_for_generation": False,
     "log_completions_hub_repo": "me/completions",
     "use_transformers_continuous_batching": True,
@@ -64,8 +62,11 @@ def test_each_refused_field_names_itself_and_the_way_out(tmp_path, name):
     assert f"leave it {default!r}" in message
 
 
-def test_use_vllm_refusal_says_why(tmp_path):
-    with pytest.raises(ValueError, match="our own prefix-shared sampler, so vLLM does not apply"):
+def test_use_vllm_without_vllm_says_how_to_install_it(tmp_path, monkeypatch):
+    from grpo_plugin.config import vllm_checks
+
+    monkeypatch.setattr(vllm_checks, "vllm_problem", lambda: "vLLM is not installed: pip ...")
+    with pytest.raises(ValueError, match=r"^use_vllm=True: vLLM is not installed"):
         make(tmp_path, use_vllm=True)
 
 
@@ -146,8 +147,8 @@ def test_trl_fields_work_in_recipes_and_refusals_reach_the_user():
     recipe = build_recipe({"dataset": {"name": "arithmetic"}, "loss_type": "cispo", "delta": 2.0,
                            "min_p": 0.1, "generation_kwargs": {"top_k": 5}})  # fmt: skip
     assert (recipe.config.delta, recipe.config.min_p, recipe.config.top_k) == (2.0, 0.1, 5)
-    with pytest.raises(RecipeError, match="use_vllm=True is not supported: generation here"):
-        build_recipe({"dataset": {"name": "arithmetic"}, "use_vllm": True})
+    with pytest.raises(RecipeError, match="vllm_mode='server' is not supported"):
+        build_recipe({"dataset": {"name": "arithmetic"}, "use_vllm": True, "vllm_mode": "server"})
 
 
 def test_trl_importance_sampling_names_set_ours_and_conflicts_are_refused(tmp_path):

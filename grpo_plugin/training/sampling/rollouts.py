@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
+from ...config.vllm_checks import vllm_max_model_len
 from ...core.objectives import LOSS_TYPES
 from ...core.tensors import left_pad
-from ...engine import CopyAsk, DecodeAsk, DecodeSettings
+from ...engine import CopyAsk, DecodeAsk, DecodeSettings, VllmAsk
 from ...engine.rollout_copy import check_copyable, resolve_precision
 from ...rollout.multiturn import ToolSetup
 from ...rollout.noise import SamplingNoise
@@ -62,21 +63,53 @@ def copy_ask(args: Any, single_turn: bool) -> CopyAsk:
     return CopyAsk(args.rollout_precision, single_turn, args.sampling_correction, takes_it)
 
 
+def vllm_ask(args: Any, policy: Any) -> VllmAsk:
+    """What the config asks of the vLLM engine; the engine decides its dtype."""
+    context = getattr(getattr(policy, "config", None), "max_position_embeddings", None)
+    return VllmAsk(
+        requested_precision=args.rollout_precision,
+        max_model_len=vllm_max_model_len(args, context),
+        max_num_seqs=max(args.num_generations, args.generation_batch_size // args.world_size),
+        seed=args.seed,
+        row_tokens=(args.max_prompt_length or 512) + args.max_completion_length,
+        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+        enable_sleep_mode=args.vllm_enable_sleep_mode,
+        model_impl=args.vllm_model_impl,
+    )
+
+
 class RolloutSampler:
     """Samples the rollouts of a `GRPOTrainer` (its args, tokenizer, tools and rollout_func)."""
 
     def __init__(self, trainer: Any, tool_setup: Any, rollout_func: Any, args, policy) -> None:
         self.trainer, self.tool_setup, self.rollout_func = trainer, tool_setup, rollout_func
-        self.copy = None  # the cheaper copy the rollouts are sampled from (`rollout_precision`)
+        # what the rollouts are sampled from when not the policy: a cheaper copy
+        # (`rollout_precision`) or, with use_vllm, the vLLM engine
+        self.copy = None
+        self.use_vllm = args.use_vllm
+        if self.use_vllm:
+            if not self.single_turn:
+                raise ValueError(
+                    "use_vllm with tools, environments or a rollout_func is not supported: their "
+                    "turns continue our decode loop's cache; leave use_vllm False."
+                )
+            self._precision = "vllm"
+            return
         # None and 'auto' are resolved on the first rollout
         self._precision = trainer.engine.rollout_precision(copy_ask(args, self.single_turn))
         if self._precision not in (None, "policy", "auto"):
             check_copyable(policy, self._precision)  # one line, before any step
 
     def _rollout_model(self, model):
-        """The model to sample from: the policy, or its copy. The copy's precision is settled on
-        the first rollout, once the Trainer has put the policy on its device (a GPU's policy is
-        still on the CPU while the trainer is built)."""
+        """The model to sample from: the policy, its copy or the vLLM engine. The copy's
+        precision (the engine's dtype) is settled on the first rollout, once the Trainer has put
+        the policy on its device (a GPU's policy is still on the CPU while the trainer is built)."""
+        if self.use_vllm:
+            if self.copy is None:
+                self.copy = self.trainer.engine.vllm_engine(
+                    vllm_ask(self.trainer.args, model), model
+                )
+            return self.copy.refresh(model, self.trainer.state.global_step)  # new at each step
         if self._precision != "policy" and self.copy is None:
             precision = resolve_precision(self._precision, model)
             if precision == "policy":
@@ -115,14 +148,25 @@ class RolloutSampler:
         if self.trainer.args.overlap_scoring:
             sample = lambda on_step: self.sample(model, rows, noise, on_step)  # noqa: E731
             group = self.trainer.args.num_generations
-            return overlap.sample_and_score(
+            rollout, seconds = overlap.sample_and_score(
                 sample, rewards, self.trainer.processing_class, rows, group
             )
+            return rollout, seconds | self.sync_seconds()
         t0 = time.perf_counter()
         rollout = self.sample(model, rows, noise)
         t1 = time.perf_counter()
         rewards.score(rollout)
-        return rollout, {"generate_s": t1 - t0, "reward_s": time.perf_counter() - t1}
+        seconds = {"generate_s": t1 - t0, "reward_s": time.perf_counter() - t1}
+        return rollout, seconds | self.sync_seconds()
+
+    def close(self) -> None:
+        """After training: the vLLM engine shut down (a copy is only memory)."""
+        if self.use_vllm and self.copy is not None:
+            self.copy.close()
+
+    def sync_seconds(self) -> dict[str, float]:
+        """`vllm_sync_s`: the last weight sync of the vLLM engine (inside `generate_s`)."""
+        return {"vllm_sync_s": self.copy.syncs.last()} if self.use_vllm and self.copy else {}
 
 
 def _as_lists(output: dict[str, Any], key: str, n: int) -> list[list[int]]:
