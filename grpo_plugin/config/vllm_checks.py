@@ -1,7 +1,7 @@
 """The `vllm_*` fields and `use_vllm` (TRL's names and meanings), checked before any model loads.
 
 What runs with `use_vllm=True` here: `vllm_mode='colocate'`, one process, tensor parallel size 1,
-single-turn rollouts of our sampler's settings (tools, environments and `rollout_func` are
+single-turn rollouts of our sampler's settings, scored after they are sampled (tools, environments and `rollout_func` are
 refused by the trainer, `training/sampling/rollouts.py`). Each refusal is one line naming the
 field and what works instead.
 """
@@ -67,6 +67,11 @@ def _check_use_vllm(config: Any) -> None:
         raise ValueError(
             "compile_decode and cache_implementation='static' set our own decode loop, which "
             "use_vllm replaces; leave them unset."
+        )
+    if config.overlap_scoring:
+        raise ValueError(
+            "overlap_scoring with use_vllm is not supported: vLLM returns a rollout's completions "
+            "at once, so there is no decoding to score beside; set overlap_scoring=False."
         )
     if config.sampling_params().suppress_tokens:
         raise ValueError("suppress_tokens with use_vllm is not supported; leave it unset.")

@@ -43,6 +43,7 @@ def test_trls_vllm_fields_and_defaults(tmp_path):
         ({"compile_decode": True}, r"compile_decode and cache_implementation='static'"),
         ({"cache_implementation": "static"}, r"compile_decode and cache_implementation='static'"),
         ({"generation_kwargs": {"suppress_tokens": [3]}}, r"suppress_tokens with use_vllm"),
+        ({"overlap_scoring": True}, r"overlap_scoring with use_vllm is not supported"),
         ({"loss_type": "vespo"}, r"loss_type='vespo' with use_vllm's sampling correction"),
     ],
 )
@@ -98,3 +99,12 @@ def test_the_engines_longest_row(tmp_path):
     assert vllm_max_model_len(c, 8192) == 264
     c = _config(tmp_path, max_prompt_length=200, vllm_max_model_length=1000)
     assert vllm_max_model_len(c, 8192) == 1000
+
+
+def test_several_processes_with_vllm_are_refused(vllm_here):
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(vllm_mode="colocate", vllm_tensor_parallel_size=1, world_size=2,
+                             vllm_structured_outputs_regex=None)  # fmt: skip
+    with pytest.raises(ValueError, match=r"^use_vllm with 2 processes is not supported: run one"):
+        vllm_checks._check_use_vllm(config)

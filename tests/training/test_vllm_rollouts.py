@@ -55,7 +55,7 @@ def _embedded_path() -> str:
     return resolve_model_path(EMBEDDED)
 
 
-def _trainer(tmp_path, **overrides):
+def _trainer(tmp_path, model=None, peft="lora", **overrides):
     from peft import LoraConfig
 
     from grpo_plugin import GRPOConfig, GRPOTrainer
@@ -66,12 +66,13 @@ def _trainer(tmp_path, **overrides):
         max_steps=3, save_strategy="no", logging_steps=1, report_to="none", seed=0,
         disable_tqdm=True,
     )  # fmt: skip
+    lora = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear") if peft else None
     return GRPOTrainer(
-        _embedded_path(),
+        model if model is not None else _embedded_path(),
         exact_sum,
         args=GRPOConfig(**{**fields, **overrides}),
         train_dataset=DATA,
-        peft_config=LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"),
+        peft_config=lora,
     )
 
 
@@ -163,10 +164,36 @@ def test_weights_that_reach_the_engine_wrong_stop_the_run_at_the_first_step(tmp_
 def test_the_sync_check_passes_a_working_sync_and_logs_it(tmp_path):
     trainer = _trainer(tmp_path, max_steps=3)
     trainer.train()
+    _followed_every_step(trainer, 3)
+
+
+def _followed_every_step(trainer, steps: int) -> None:
+    """Each step's rollout came from the policy's weights: small drift, a sync before it."""
     rows = [r for r in trainer.state.log_history if "sampling/sampling_logp_difference/mean" in r]
-    assert len(rows) == 3
+    assert len(rows) == steps
     assert all(r["sampling/sampling_logp_difference/mean"] < 0.3 for r in rows)
-    assert all(r["timing/vllm_sync_s"] > 0 for r in rows)  # a sync before every rollout
+    assert all(r["timing/vllm_sync_s"] > 0 for r in rows)
+
+
+@needs_vllm
+def test_full_fine_tuning_is_followed_by_the_engine(tmp_path):
+    trainer = _trainer(tmp_path, peft=None, learning_rate=1e-5, max_steps=2)
+    trainer.train()
+    _followed_every_step(trainer, 2)
+    assert any(r.get("grad_norm", 0) > 0 for r in trainer.state.log_history)
+
+
+@needs_vllm
+def test_a_qlora_policy_is_served_dequantized_and_followed(tmp_path):
+    pytest.importorskip("bitsandbytes")
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                               bnb_4bit_compute_dtype=torch.float32)  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(_embedded_path(), quantization_config=quant)
+    trainer = _trainer(tmp_path, model=model, max_steps=2)
+    trainer.train()
+    _followed_every_step(trainer, 2)
 
 
 @needs_vllm
