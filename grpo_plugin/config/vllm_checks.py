@@ -28,8 +28,14 @@ def check_vllm(config: Any) -> None:
         raise ValueError(
             f"vllm_gpu_memory_utilization={config.vllm_gpu_memory_utilization} must be in (0, 1]."
         )
-    if config.vllm_max_model_length is not None and config.vllm_max_model_length < 2:
-        raise ValueError(f"vllm_max_model_length={config.vllm_max_model_length} must be >= 2.")
+    longest, needed = config.vllm_max_model_length, config.max_completion_length + 1
+    if config.max_prompt_length is not None:
+        needed = config.max_prompt_length + config.max_completion_length
+    if longest is not None and longest < needed:
+        raise ValueError(
+            f"vllm_max_model_length={longest} cannot hold a row of {needed} tokens (max_prompt_length "
+            f"+ max_completion_length); raise it, or leave it None to size it from those."
+        )
     drift = config.vllm_max_logp_drift
     if drift is not None and not 0.0 < drift < float("inf"):
         raise ValueError(

@@ -58,6 +58,14 @@ def generate_groups_vllm(
     """`generation.generate_groups` through vLLM (rows p*G .. p*G+G-1 are prompt p's)."""
     if request.sampling.suppress_tokens:
         raise ValueError("suppress_tokens with use_vllm is not supported; leave it unset.")
+    room = engine.settings.max_model_len - request.sampling.max_new_tokens
+    for i, ids in enumerate(prompt_ids):
+        if len(ids) > room:
+            raise ValueError(
+                f"prompt {i} of this batch has {len(ids)} tokens, and with max_completion_length "
+                f"{request.sampling.max_new_tokens} the vLLM engine holds {room}: set "
+                f"max_prompt_length to at most {room} (or raise vllm_max_model_length)."
+            )
     groups = engine.generate(
         prompt_ids, vllm_sampling(request), prompt_seeds(request, len(prompt_ids))
     )

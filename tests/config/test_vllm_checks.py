@@ -60,6 +60,14 @@ def test_what_cannot_run_with_vllm_is_refused_in_one_line(tmp_path, vllm_here, f
         ({"vllm_model_impl": "jax"}, r"vllm_model_impl='jax': use one of vllm, transformers"),
         ({"vllm_gpu_memory_utilization": 1.5}, r"must be in \(0, 1\]"),
         ({"vllm_max_logp_drift": -1.0}, r"vllm_max_logp_drift=-1.0 must be a positive"),
+        (
+            {"vllm_max_model_length": 100, "max_prompt_length": 90, "max_completion_length": 20},
+            r"vllm_max_model_length=100 cannot hold a row of 110 tokens",
+        ),
+        (
+            {"vllm_max_model_length": 16, "max_completion_length": 16},
+            r"vllm_max_model_length=16 cannot hold a row of 17 tokens",
+        ),
     ],
 )
 def test_a_bad_vllm_value_is_refused_with_or_without_use_vllm(tmp_path, fields, message):
@@ -97,7 +105,9 @@ def test_the_engines_longest_row(tmp_path):
     assert vllm_max_model_len(c, 8192) == 8192  # prompts not cut: the model's context
     c = _config(tmp_path, max_prompt_length=200, max_completion_length=64)
     assert vllm_max_model_len(c, 8192) == 264
-    c = _config(tmp_path, max_prompt_length=200, vllm_max_model_length=1000)
+    c = _config(
+        tmp_path, max_prompt_length=200, max_completion_length=64, vllm_max_model_length=1000
+    )
     assert vllm_max_model_len(c, 8192) == 1000
 
 

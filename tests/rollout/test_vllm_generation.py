@@ -4,6 +4,7 @@ becomes vLLM's sampling fields and per-prompt seeds, and its samples become the 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from grpo_plugin.engine.vllm_engine import Sample, VllmEngine, VllmSettings
@@ -74,3 +75,12 @@ def test_a_request_without_keyed_draws_is_seeded_from_its_generator():
     a = prompt_seeds(GenerationRequest(**{**request.__dict__, "generator": gen()}), 3)
     b = prompt_seeds(GenerationRequest(**{**request.__dict__, "generator": gen()}), 3)
     assert a == b and len(set(a)) == 3
+
+
+def test_a_prompt_the_engine_cannot_hold_is_refused_in_one_line():
+    engine = ScriptedEngine([])  # max_model_len 64, max_new_tokens 3: room for 61 prompt tokens
+    with pytest.raises(
+        ValueError, match=r"^prompt 1 of this batch has 62 tokens, .* holds 61: set"
+    ):
+        generate_groups(engine, [[1] * 61, [1] * 62], _request())
+    assert engine.asked == []  # refused before vLLM was asked anything
