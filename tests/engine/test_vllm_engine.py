@@ -95,13 +95,8 @@ def test_the_served_dtype_follows_rollout_precision(tiny_tokenizer, monkeypatch)
 
 
 def test_a_cpus_kv_cache_holds_one_rollout():
-    config = LlamaConfig(
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        hidden_size=576,
-        head_dim=64,
-    )  # fmt: skip  (SmolLM2-135M's shape)
+    heads = dict(num_attention_heads=9, num_key_value_heads=3, head_dim=64)
+    config = LlamaConfig(num_hidden_layers=30, hidden_size=576, **heads)  # SmolLM2-135M's shape
     settings = VllmSettings("bfloat16", max_model_len=1024, max_num_seqs=16, seed=0, row_tokens=600)
     per_token = 2 * 30 * 3 * 64 * 2  # K and V, 30 layers, 3 heads of 64, 2 bytes: 23,040
     assert settings.kv_cache_bytes(config) == per_token * 16 * 600 + (64 << 20)
