@@ -30,13 +30,13 @@ BREAK = """
 import sys
 from grpo_plugin.engine import vllm_engine
 sync = vllm_engine.VllmEngine.sync
-def first_only(self, policy):
+def first_only(self, weights):
     if not self.syncs.seconds:
-        sync(self, policy)
+        sync(self, weights)
     else:
         self.syncs.seconds.append(0.0)
 vllm_engine.VllmEngine.sync = first_only
-vllm_engine.VllmEngine._check_followed = lambda self, policy, version: None  # the exact check off
+vllm_engine.VllmEngine._check_followed = lambda self, sent, version: None  # the exact check off
 from grpo_plugin.cli import main
 sys.exit(main(sys.argv[1:]))
 """

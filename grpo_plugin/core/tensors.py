@@ -26,6 +26,20 @@ def left_pad(
     return ids.to(device), mask.to(device)
 
 
+def right_pad(
+    rows: list[list], pad_value: float, dtype: torch.dtype = torch.long
+) -> tuple[torch.Tensor, torch.LongTensor]:
+    """Right-pad lists into `(values, mask)`, both `(B, max(1, longest))` (a row of none: all
+    pad)."""
+    width = max(1, max(len(row) for row in rows))
+    values = torch.full((len(rows), width), pad_value, dtype=dtype)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, row in enumerate(rows):
+        values[r, : len(row)] = torch.tensor(row, dtype=dtype)
+        mask[r, : len(row)] = 1
+    return values, mask
+
+
 def pad_columns(x: torch.Tensor, width: int, value: int, left: bool) -> torch.Tensor:
     """Pad `(B, L)` to `(B, width)` on the left or the right (no-op when already wide enough)."""
     extra = width - x.shape[1]

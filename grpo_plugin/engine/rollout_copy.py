@@ -223,7 +223,7 @@ class _LowRankOnFp16(torch.nn.Module):
         return out
 
 
-def _base_name(peft_name: str) -> str:
+def base_name(peft_name: str) -> str:
     """A PeftModel's module name as the base (or merged) model names it."""
     return peft_name.removeprefix("base_model.model.")
 
@@ -242,7 +242,7 @@ def _plain_lora_layers(policy: torch.nn.Module) -> dict[str, torch.nn.Module] | 
             )
             if not plain or getattr(module, "lora_embedding_A", {}):
                 return None
-            layers[_base_name(name)] = module
+            layers[base_name(name)] = module
     return layers or None
 
 
@@ -368,7 +368,7 @@ def _peft_links(policy: torch.nn.Module, merged: torch.nn.Module) -> list[_Link]
     (`modules_to_save`), from the PeftModel's names to the merged model's."""
     links = []
     for name, module in policy.named_modules():
-        target = _base_name(name)
+        target = base_name(name)
         if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):
             links.append(_Link(merged_weight(module), merged.get_submodule(target), "weight"))
         elif type(module).__name__ == "ModulesToSaveWrapper":

@@ -13,12 +13,13 @@ optimizer step) it is given the weights the policy computes with, in place (vLLM
   plus the adapter: vLLM serves the policy's effective weights in `dtype` (bf16 by default), not
   the 4-bit ones.
 
-A sync is checked, never trusted, twice, and neither check goes through `sync` itself:
+A sync is checked, never trusted, twice, and neither check takes `sync`'s word for it:
 
 - exactly, after every refresh (`_check_followed`): when the weights the policy would serve
-  changed (a fingerprint of them, cast to `dtype`), the engine's log-probs of a fixed probe
-  sequence must change too; bit-identical ones mean the new weights never reached it (a skipped
-  or failed load, an adapter left out), and the run stops at that step (`StaleEngineError`);
+  changed (a fingerprint of them in `dtype`, taken as they stream into the engine, the rest read
+  after a sync that stopped reading), the engine's log-probs of a fixed probe sequence must
+  change too; bit-identical ones mean the new weights never reached it (a skipped or failed
+  load, an adapter left out), and the run stops at that step (`StaleEngineError`);
 - statistically, every micro-batch: the trainer compares the log-probs the engine sampled with
   the policy's on the same tokens (`run/guards.check_rollout_drift`), which catches weights that
   reached it wrong (a name mapped to the wrong layer, an untied head left at its old value).
@@ -33,7 +34,7 @@ import json
 import logging
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ import torch
 
 from .._compat import cpu_has_bf16_units, unwrap_peft
 from .._compat.vllm_runtime import import_vllm, shutdown
-from .rollout_copy import merged_weight
+from .rollout_copy import base_name, merged_weight
 
 logger = logging.getLogger(__name__)
 
@@ -139,14 +140,15 @@ class VllmEngine:
             self.llm.wake_up()
             self._sleeping, self._version = False, None  # level 2 dropped the weights
         if version != self._version:
-            self.sync(policy)
+            weights = _Fingerprinted(served_weights(policy), getattr(torch, self.settings.dtype))
+            self.sync(weights)
             self._version = version
-            self._check_followed(policy, version)
+            self._check_followed(weights.finish(), version)
         return self
 
-    def _check_followed(self, policy: torch.nn.Module, version: object) -> None:
-        """Stop when the weights to serve changed and the engine's outputs did not."""
-        sent = fingerprint(policy, getattr(torch, self.settings.dtype))
+    def _check_followed(self, sent: float, version: object) -> None:
+        """Stop when the weights to serve changed (`sent`, their fingerprint) and the engine's
+        outputs did not."""
         if self._followed is not None and sent == self._followed[0]:
             return  # nothing to serve changed (a zero update, or one below `dtype`'s precision)
         probe = self._probe()
@@ -208,11 +210,10 @@ class VllmEngine:
             s.max_model_len,
         )
 
-    def sync(self, policy: torch.nn.Module) -> None:
-        """Load the policy's current weights into the engine (and forget cached prefixes)."""
+    def sync(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load `weights` (the policy's, in the engine's dtype) into the engine, and forget the
+        cached prefixes."""
         start = time.perf_counter()
-        dtype = getattr(torch, self.settings.dtype)
-        weights = ((name, w.to(dtype)) for name, w in served_weights(policy))
         self.llm.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
         )
@@ -266,11 +267,6 @@ def _write_config(config: Any, folder: Path, dtype: str) -> None:
     (folder / "config.json").write_text(json.dumps(values, indent=1, default=str))
 
 
-def _base_name(peft_name: str) -> str:
-    """A PeftModel's parameter or module name as the base model (and a checkpoint) names it."""
-    return peft_name.removeprefix("base_model.model.")
-
-
 def served_weights(policy: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """`(name, tensor)` of every weight the policy computes with, by the base model's names (the
     names of a checkpoint, which vLLM's loader maps to its own layers): adapted layers merged
@@ -284,29 +280,42 @@ def served_weights(policy: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]
         elif type(module).__name__ == "ModulesToSaveWrapper":
             trained[name] = module.modules_to_save[module.active_adapters[0]]
     for name, layer in adapted.items():
-        yield f"{_base_name(name)}.weight", merged_weight(layer)()
+        yield f"{base_name(name)}.weight", merged_weight(layer)()
         bias = getattr(layer.base_layer, "bias", None)
         if bias is not None:
-            yield f"{_base_name(name)}.bias", bias.detach()
+            yield f"{base_name(name)}.bias", bias.detach()
     for name, module in trained.items():
         for pname, param in module.named_parameters():
-            yield f"{_base_name(name)}.{pname}", param.detach()
+            yield f"{base_name(name)}.{pname}", param.detach()
     owned = tuple(f"{n}." for n in (*adapted, *trained))
     for name, param in policy.named_parameters():
         if not name.startswith(owned):
-            yield _base_name(name), param.detach()
+            yield base_name(name), param.detach()
     yield from _tied_head(unwrap_peft(policy))
 
 
-@torch.no_grad()
-def fingerprint(policy: torch.nn.Module, dtype: torch.dtype) -> float:
-    """A number that changes when any weight the policy would serve changes in `dtype`: the
-    sum over tensors of each one's float64 sum times a weight of its own (so that two changes
-    do not cancel across tensors)."""
-    total = 0.0
-    for index, (_, tensor) in enumerate(served_weights(policy)):
-        total += float(tensor.to(dtype).double().sum()) * (1.0 + index / 1024)
-    return total
+class _Fingerprinted:
+    """The served weights cast to `dtype` as they stream into the engine, and a number that
+    changes when any of them changes: the sum over tensors of each one's float64 sum times a
+    weight of its own (so that two changes do not cancel across tensors). Taken on the way, so
+    the weights are merged once per sync; `finish` reads what the sync did not."""
+
+    def __init__(self, weights: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype) -> None:
+        self._weights, self._dtype = iter(weights), dtype
+        self._total, self._index = 0.0, 0
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in self._weights:
+            tensor = tensor.to(self._dtype)
+            weight = 1.0 + self._index / 1024
+            self._total += float(tensor.sum(dtype=torch.float64)) * weight
+            self._index += 1
+            yield name, tensor
+
+    def finish(self) -> float:
+        for _ in self:  # a sync that stopped reading (or never read) leaves the rest here
+            pass
+        return self._total
 
 
 def _tied_head(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from .._compat import unwrap_peft
-from ..core.tensors import left_pad
+from ..core.tensors import left_pad, right_pad
 from .types import GenerationRequest, RolloutBatch
 
 Generate = Callable[..., Any]
@@ -91,7 +91,7 @@ def generate_groups_with(
     repeated = [p for p in prompt_ids for _ in range(group)]
     turns = _call(generate, repeated, request, request.sampling.max_new_tokens)
     p_ids, p_mask = left_pad(repeated, request.pad_id)  # (N, Lp)
-    c_ids, c_mask = _right_pad([t for t, _ in turns], request.pad_id)  # (N, Tc)
+    c_ids, c_mask = right_pad([t for t, _ in turns], request.pad_id)  # (N, Tc)
     return RolloutBatch(
         prompt_ids=p_ids,
         prompt_mask=p_mask,
@@ -101,16 +101,6 @@ def generate_groups_with(
         num_prefill_tokens=int(p_mask.sum()),
         num_generated_tokens=int(c_mask.sum()),
     )
-
-
-def _right_pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(1, max(len(r) for r in rows))
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)  # (N, T)
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-        mask[i, : len(r)] = 1
-    return ids, mask
 
 
 @torch.no_grad()

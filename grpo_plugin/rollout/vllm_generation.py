@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from ..core.tensors import left_pad
-from ..engine.vllm_engine import Sample, VllmEngine
+from ..core.tensors import left_pad, right_pad
+from ..engine.vllm_engine import VllmEngine
 from .noise import GeneratorNoise, KeyedNoise
 from .types import GenerationRequest, RolloutBatch
 
@@ -72,7 +72,8 @@ def generate_groups_vllm(
     samples = [sample for group in groups for sample in group]
     repeated = [p for p in prompt_ids for _ in range(request.num_generations)]
     p_ids, p_mask = left_pad(repeated, request.pad_id)  # (N, Lp)
-    c_ids, c_mask, logps = _completions(samples, request.pad_id)  # (N, Tc) each
+    c_ids, c_mask = right_pad([s.token_ids for s in samples], request.pad_id)  # (N, Tc)
+    logps, _ = right_pad([s.logprobs for s in samples], 0.0, torch.float32)  # (N, Tc)
     return RolloutBatch(
         prompt_ids=p_ids,
         prompt_mask=p_mask,
@@ -83,18 +84,3 @@ def generate_groups_vllm(
         num_generated_tokens=int(c_mask.sum()),
         sampling_logps=logps if request.record_logprobs else None,
     )
-
-
-def _completions(samples: list[Sample], pad: int):
-    """`(ids, mask, logps)`, `(N, Tc)` each, right-padded (pad id, 0, 0.0)."""
-    width = max(1, max(len(s.token_ids) for s in samples))
-    ids = torch.full((len(samples), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    logps = torch.zeros(len(samples), width, dtype=torch.float32)
-    for r, sample in enumerate(samples):
-        n = len(sample.token_ids)
-        ids[r, :n] = torch.tensor(sample.token_ids, dtype=torch.long)
-        mask[r, :n] = 1
-        if sample.logprobs:
-            logps[r, :n] = torch.tensor(sample.logprobs, dtype=torch.float32)
-    return ids, mask, logps

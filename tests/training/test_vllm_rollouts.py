@@ -128,9 +128,9 @@ def test_a_skipped_sync_stops_the_run_within_one_step(tmp_path, monkeypatch):
 
     pushed = VllmEngine.sync
 
-    def first_only(self, policy):  # the engine keeps the weights it started with
+    def first_only(self, weights):  # the engine keeps the weights it started with
         if not self.syncs.seconds:
-            pushed(self, policy)
+            pushed(self, weights)
         self.syncs.seconds.append(0.0)
 
     monkeypatch.setattr(VllmEngine, "sync", first_only)

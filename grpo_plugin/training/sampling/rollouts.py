@@ -21,7 +21,7 @@ import torch
 
 from ...config.vllm_checks import vllm_max_model_len
 from ...core.objectives import LOSS_TYPES
-from ...core.tensors import left_pad
+from ...core.tensors import left_pad, right_pad
 from ...engine import CopyAsk, DecodeAsk, DecodeSettings, VllmAsk
 from ...engine.rollout_copy import check_copyable, resolve_precision
 from ...rollout.multiturn import ToolSetup
@@ -93,7 +93,6 @@ class RolloutSampler:
                     "use_vllm with tools, environments or a rollout_func is not supported: their "
                     "turns continue our decode loop's cache; leave use_vllm False."
                 )
-            self._precision = "vllm"
             return
         # None and 'auto' are resolved on the first rollout
         self._precision = trainer.engine.rollout_precision(copy_ask(args, self.single_turn))
@@ -148,10 +147,9 @@ class RolloutSampler:
         if self.trainer.args.overlap_scoring:
             sample = lambda on_step: self.sample(model, rows, noise, on_step)  # noqa: E731
             group = self.trainer.args.num_generations
-            rollout, seconds = overlap.sample_and_score(
+            return overlap.sample_and_score(
                 sample, rewards, self.trainer.processing_class, rows, group
             )
-            return rollout, seconds | self.sync_seconds()
         t0 = time.perf_counter()
         rollout = self.sample(model, rows, noise)
         t1 = time.perf_counter()
@@ -211,22 +209,19 @@ def rollout_from_func(fn, rows: list[dict[str, Any]], trainer: Any, group: int) 
 def _batch(prompt_ids, completion_ids, env_mask, tokenizer, eos) -> RolloutBatch:
     pad = eos[0] if tokenizer.pad_token_id is None else tokenizer.pad_token_id
     p_ids, p_mask = left_pad(prompt_ids, pad)  # (N, Lp)
-    width = max(1, max(len(c) for c in completion_ids))
-    ids = torch.full((len(completion_ids), width), pad, dtype=torch.long)  # (N, Tc)
-    mask, sampled = torch.zeros_like(ids), torch.zeros_like(ids)
-    for r, c in enumerate(completion_ids):
-        ids[r, : len(c)] = torch.tensor(c, dtype=torch.long)
-        mask[r, : len(c)] = 1
-        if env_mask is not None:
+    ids, mask = right_pad(completion_ids, pad)  # (N, Tc) each
+    sampled = None
+    if env_mask is not None:
+        for r, c in enumerate(completion_ids):
             if len(env_mask[r]) != len(c):
                 raise ValueError(
                     f"rollout_func: env_mask[{r}] has {len(env_mask[r])} values for "
                     f"{len(c)} completion tokens; give one 0/1 per token"
                 )
-            sampled[r, : len(c)] = torch.tensor(env_mask[r], dtype=torch.long)
+        sampled, _ = right_pad(env_mask, 0)  # (N, Tc)
     # TRL's rule: a completion whose last token is not an eos (or pad) was cut off
     truncated = torch.tensor([not c or c[-1] not in (*eos, pad) for c in completion_ids])
-    model_mask = sampled if env_mask is not None else mask
+    model_mask = sampled if sampled is not None else mask
     return RolloutBatch(
         prompt_ids=p_ids,
         prompt_mask=p_mask,
@@ -235,5 +230,5 @@ def _batch(prompt_ids, completion_ids, env_mask, tokenizer, eos) -> RolloutBatch
         is_truncated=truncated,
         num_prefill_tokens=int(p_mask.sum()),
         num_generated_tokens=int(model_mask.sum()),
-        sampled_mask=sampled if env_mask is not None else None,
+        sampled_mask=sampled,
     )
