@@ -241,6 +241,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             k=args.k,
             eval_size=args.eval_size,
             max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
             batch_size=args.batch_size,
             load_in_4bit=args.load_in_4bit,
             tools=tuple(args.tool or ()),

@@ -13,11 +13,18 @@ def add_eval_arguments(sub) -> None:
     p = sub.add_parser("eval", help="greedy accuracy and pass@k on a held-out set")
     p.add_argument("--model", default=None, help="embedded:smollm2-135m-instruct, a dir or Hub id")
     p.add_argument("--adapter", default=None, help="a LoRA adapter dir (e.g. a train output_dir)")
-    p.add_argument("--dataset", required=True, help="arithmetic | gsm8k | FILE | '{name: ...}'")
+    p.add_argument(
+        "--dataset",
+        required=True,
+        help="arithmetic | code | gsm8k | humaneval | FILE | '{name: ...}'",
+    )
     p.add_argument("--reward", required=True, help="a reward name (see `grpo-plugin rewards`)")
     p.add_argument("--k", type=int, default=8, help="pass@k with the unbiased estimator; 0 = off")
     p.add_argument("--eval-size", type=int, default=None, help="evaluate on the first N prompts")
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument(
+        "--temperature", type=float, default=1.0, help="of pass@k's samples (greedy: always 0)"
+    )
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--load-in-4bit", action="store_true")
     p.add_argument("--output", default=None, help="also write the result JSON here")

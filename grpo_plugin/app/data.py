@@ -1,28 +1,33 @@
-"""Prompt datasets for GRPO: generated arithmetic, GSM8K, and any local file with a `prompt` column.
+"""Prompt datasets for GRPO: generated arithmetic, generated Python functions (`code`), GSM8K,
+and any local file with a `prompt` column.
 
 Every dataset is a `datasets.Dataset` whose `prompt` column holds a chat (a list of
 `{"role", "content"}` messages) or a plain string, plus whatever columns the reward functions
-read (here `answer`, a string). Recipes describe their data with one dict, `load_prompt_datasets`
+read (here `answer`, a string; `code`: `tests`, `template` and `entry_point`, see
+`code_tasks.py`). Recipes describe their data with one dict, `load_prompt_datasets`
 turns it into `(train, eval_or_None)`, and `validate_dataset_spec` checks it without loading
 anything heavy (it reads at most the first record of a local file).
 
 Dataset spec keys (all optional except where noted):
-    name          "arithmetic" | "gsm8k"; omit it for a custom file (then `path` is required)
+    name          "arithmetic" | "code" | "gsm8k" | "humaneval" (an evaluation set: HumanEval's
+                  164 problems, `humaneval.py`); omit it for a custom file (then `path` is
+                  required)
     path          local .jsonl/.json/.parquet/.csv file, or a Hub dataset id
     split         split to read from `path` (default "train")
     eval_path     held-out data (same formats); default: gsm8k -> same source, split "test"
     eval_split    split to read from `eval_path` (default "test" for Hub ids, else "train")
-    train_size    keep the first N training rows (arithmetic default 64)
-    eval_size     keep the first N held-out rows (arithmetic default 64)
+    train_size    keep the first N training rows (arithmetic default 64, code 256)
+    eval_size     keep the first N held-out rows (arithmetic default 64, code 64)
     validation_size  N rows for choosing checkpoints, apart from the held-out test rows
-                  (arithmetic: N more distinct pairs; otherwise the training data's last N
-                  rows, kept out of training); see `splits.py`
-    seed          arithmetic only: the generator's seed
+                  (arithmetic: N more distinct pairs; code: N prompts of the validation
+                  templates; otherwise the training data's last N rows, kept out of
+                  training); see `splits.py`
+    seed          arithmetic and code only: the generator's seed
     low, high     arithmetic only: the operand range (inclusive)
     low_b, high_b arithmetic only: the second operand's range (default: low, high)
     operation     arithmetic only: "+" (default) or "*"; `answer` is a + b or a * b
     template      arithmetic only: the question, with {a} and {b}
-    system_prompt a system message prepended to arithmetic / gsm8k prompts
+    system_prompt a system message prepended to arithmetic / code / gsm8k prompts
     shots         messages put between the system message and the question (few-shot turns,
                   e.g. a worked tool call: user, assistant with tool_calls, tool, assistant)
 """
@@ -37,6 +42,7 @@ from typing import Any
 
 from datasets import Dataset
 
+from . import code_tasks
 from .data_files import (
     LOCAL_SUFFIXES,
     check_json_lines,
@@ -53,7 +59,9 @@ GSM8K_SYSTEM_PROMPT = (
     "Solve the math problem step by step. "
     "End with the final answer on its own line as: #### <number>"
 )
-BUILTIN_NAMES = ("arithmetic", "gsm8k")
+BUILTIN_NAMES = ("arithmetic", "code", "gsm8k", "humaneval")
+GENERATED_NAMES = ("arithmetic", "code", "humaneval")  # read from no file of the user's
+EVALUATION_ONLY = ("humaneval",)  # test sets: `grpo-plugin eval`, never a recipe's training data
 _SIZES = {"train_size", "eval_size", "validation_size"}
 _COMMON_KEYS = {"name", "path", "split", "eval_path", "eval_split", *_SIZES}
 _INTEGER_KEYS = (
@@ -68,6 +76,8 @@ _INTEGER_KEYS = (
 )
 _KEYS_BY_NAME = {
     "arithmetic": {"name", *_INTEGER_KEYS, "template", "system_prompt", "operation", "shots"},
+    "code": {"name", *_SIZES, "seed", "system_prompt"},
+    "humaneval": {"name", "eval_size", "system_prompt"},
     "gsm8k": _COMMON_KEYS | {"system_prompt", "shots"},
     None: _COMMON_KEYS,
 }
@@ -293,10 +303,14 @@ def validate_dataset_spec(spec: dict[str, Any]) -> None:
         raise ValueError(
             f"dataset: eval_size={spec['eval_size']} must be >= 0 (0: no held-out set)"
         )
-    if name == "arithmetic":
+    if name == "code":
+        code_tasks.check_spec_sizes(spec)
+    if name in GENERATED_NAMES:
         return
     if name is None and "path" not in spec:
-        raise ValueError("dataset: give `name` (arithmetic | gsm8k) or `path` to a data file")
+        raise ValueError(
+            f"dataset: give `name` ({' | '.join(BUILTIN_NAMES)}) or `path` to a data file"
+        )
     required = ["question", "answer"] if name == "gsm8k" else ["prompt"]
     for key in ("path", "eval_path"):
         if key in spec:
@@ -317,6 +331,14 @@ def load_prompt_datasets(spec: dict[str, Any]) -> tuple[Dataset, Dataset | None]
             n_train, n_eval, seed=spec.get("seed", 0), problems=problems
         )
         return train, held_out if len(held_out) else None  # eval_size: 0 means no held-out set
+    if name == "code":
+        train, held_out, _ = code_tasks.code_splits(spec, 0)  # validation: splits.load_splits
+        return train, held_out
+    if name == "humaneval":  # an evaluation set: the 164 problems are the held-out split
+        from .humaneval import humaneval_dataset
+
+        problems = humaneval_dataset(eval_size, system_prompt=spec.get("system_prompt"))
+        return problems.select([]), problems
     if name == "gsm8k":
         return _load_gsm8k(spec, train_size, eval_size)
     train = _take(_load_table(spec["path"], spec.get("split", "train")), train_size)
@@ -351,6 +373,10 @@ def _load_gsm8k(
 
 def known_columns(spec: dict[str, Any]) -> list[str] | None:
     """The columns a dataset spec yields, known without loading it (None when unknown: Hub ids)."""
+    if spec.get("name") == "code":
+        return list(code_tasks.COLUMNS)
+    if spec.get("name") == "humaneval":
+        return ["prompt", "tests", "code_prefix", "task_id", "entry_point"]
     if spec.get("name") in BUILTIN_NAMES:
         return ["prompt", "answer"]
     path = Path(str(spec.get("path", "")))
@@ -361,7 +387,7 @@ def has_held_out(spec: dict[str, Any]) -> bool:
     """Whether `load_prompt_datasets(spec)` returns a non-empty held-out set (no loading)."""
     if spec.get("eval_size") == 0:
         return False
-    if spec.get("name") == "arithmetic":
+    if spec.get("name") in GENERATED_NAMES:
         return True
     if spec.get("name") == "gsm8k" and "eval_path" not in spec:
         return not _is_local(str(spec.get("path", GSM8K_HUB_ID)))

@@ -27,13 +27,15 @@ class EvalRequest:
     k: int = 8  # pass@k's k; 0: greedy accuracy only (--k)
     eval_size: int | None = None  # prompts evaluated; None: the whole held-out split
     max_new_tokens: int = 64  # tokens per completion (--max-new-tokens)
+    temperature: float = 1.0  # of the pass@k samples (--temperature)
     batch_size: int = 32  # sequences generated at once (--batch-size)
     load_in_4bit: bool = False  # the base model quantized with bitsandbytes (--load-in-4bit)
     tools: tuple[str, ...] = ()  # tools the model may call (--tool, repeated)
 
     def options(self) -> dict[str, Any]:
         """The evaluation's flat options (EvalSettings.from_options)."""
-        return {"k": self.k, "max_new_tokens": self.max_new_tokens, "batch_size": self.batch_size}
+        options = {"k": self.k, "max_new_tokens": self.max_new_tokens}
+        return {**options, "temperature": self.temperature, "batch_size": self.batch_size}
 
 
 def _base_of_adapter(adapter: str) -> str:

@@ -26,7 +26,7 @@ from ..evaluation.setup import (
 )
 from ..scoring.context import TRAINER_KWARGS
 from ..scoring.reward_models import resolve_reward_name
-from .data import has_held_out, known_columns, validate_dataset_spec
+from .data import EVALUATION_ONLY, has_held_out, known_columns, validate_dataset_spec
 from .recipe import Recipe, RecipeError, one_line, unknown_key_message
 
 # Arguments of a reward function that never name a dataset column (TRL's contract, with the
@@ -235,6 +235,14 @@ def check_recipe(recipe: Recipe) -> list[Callable]:
         validate_dataset_spec(recipe.args.dataset)
     except (ValueError, TypeError) as err:
         raise RecipeError(one_line(err)) from err
+    name = recipe.args.dataset.get("name")
+    if name in EVALUATION_ONLY:
+        raise RecipeError(
+            f"dataset: {name} is an evaluation set, not training data (training on a test set "
+            f"makes its numbers meaningless); evaluate a run on it with `grpo-plugin eval "
+            f"--dataset {name} --reward code_tests --adapter OUTPUT_DIR`, train on e.g. "
+            "`dataset: {name: code}`"
+        )
     rewards = resolve_rewards(recipe)
     try:  # a recipe has no environment rewards: all-zero weights would learn nothing
         check_reward_weights(recipe.config.reward_weights, len(rewards))

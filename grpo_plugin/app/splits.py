@@ -13,6 +13,8 @@ recipe checks refuse `load_best_model_at_end` in that case).
 Where the validation rows come from:
 - arithmetic: N more distinct pairs, drawn after the train and test pairs, so the train and test
   sets of a seed are the same with or without a validation split;
+- code: N prompts of the validation templates, exercises that neither training nor the test
+  set holds (`code_tasks.py`), drawn with their own seeded rng, so train and test do not change;
 - any other dataset: the training data's last N rows (before `train_size` is applied), kept out
   of training.
 """
@@ -24,7 +26,8 @@ from typing import Any
 
 from datasets import Dataset
 
-from .data import load_prompt_datasets
+from .code_tasks import code_splits
+from .data import load_prompt_datasets, validate_dataset_spec
 
 ARITHMETIC_TEST_SIZE = 64  # arithmetic's default eval_size (data.load_prompt_datasets)
 
@@ -45,6 +48,9 @@ def load_splits(spec: dict[str, Any]) -> PromptSplits:
         return PromptSplits(*load_prompt_datasets(spec))
     if spec.get("name") == "arithmetic":
         return _arithmetic_splits(spec, n_validation)
+    if spec.get("name") == "code":
+        validate_dataset_spec(spec)
+        return PromptSplits(*code_splits(spec, n_validation))
     return _tail_splits(spec, n_validation)
 
 

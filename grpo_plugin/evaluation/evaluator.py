@@ -142,6 +142,7 @@ class EvalTotals:
     greedy_first: list[float] = field(default_factory=list)  # (P,) first reward, NaN unscored
     greedy_tool_calls: list[int] = field(default_factory=list)  # (P,), with tools
     pass_at_k: list[float] = field(default_factory=list)  # (P,) with a sampled pass
+    pass_at_1: list[float] = field(default_factory=list)  # (P,) the same samples' pass@1
     rewards: list[torch.Tensor] = field(default_factory=list)  # chunks of (n,) scored
     per_func: list[torch.Tensor] = field(default_factory=list)  # chunks of (n, F)
     lengths: list[torch.Tensor] = field(default_factory=list)  # chunks of (n,)
@@ -182,6 +183,7 @@ class EvalTotals:
         first = rollout.per_func[:, 0].view(-1, n)  # (P, n)
         solved = (~first.isnan() & (first >= threshold)).sum(dim=1)  # (P,)
         self.pass_at_k += [pass_at_k(n, int(c), k) for c in solved]
+        self.pass_at_1 += [pass_at_k(n, int(c), 1) for c in solved]
 
     def count_tokens(self, rollout: Rollout) -> None:
         b = rollout.batch
@@ -193,7 +195,7 @@ class EvalTotals:
 
     def merge(self, other: EvalTotals) -> None:
         """Append another process's totals (called in process order)."""
-        for name in ("correct", "greedy_first", "greedy_tool_calls", "pass_at_k"):
+        for name in ("correct", "greedy_first", "greedy_tool_calls", "pass_at_k", "pass_at_1"):
             getattr(self, name).extend(getattr(other, name))
         for name in ("rewards", "per_func", "lengths", "truncated", "tool_calls"):
             getattr(self, name).extend(getattr(other, name))
@@ -313,6 +315,8 @@ def _summary(totals: EvalTotals, settings: EvalSettings) -> dict[str, float | in
         k = settings.pass_k or settings.num_samples
         score = sum(totals.pass_at_k) / len(totals.pass_at_k)
         result.update({f"pass@{k}": score, "k": k, "num_samples": settings.num_samples})
+        if k > 1:  # pass@1 of the same samples: the mean share of right ones (sampled, not greedy)
+            result["pass@1"] = sum(totals.pass_at_1) / len(totals.pass_at_1)
     calls = totals.greedy_tool_calls
     if calls:
         result["tool_call_rate"] = sum(c > 0 for c in calls) / len(calls)

@@ -61,6 +61,24 @@ class MetricsJsonlCallback(TrainerCallback):
         append_metrics(args.output_dir, state.global_step, logs)
 
 
+OUTCOME_PREFIX = "outcome/"  # `outcome/<reward>/<outcome>`: a reward's share of completions
+
+
+def outcome_summary(logs: dict[str, float], shown: int = 3) -> str:
+    """The step's most common outcomes of each reward that logs them (`code_tests`: why its
+    programs failed), e.g. "code_tests: 50% syntax_error, 25% wrong_answer, 19% passed"."""
+    by_reward: dict[str, list[tuple[float, str]]] = {}
+    for key, value in logs.items():
+        if key.startswith(OUTCOME_PREFIX) and value is not None and value > 0:
+            reward, _, name = key.removeprefix(OUTCOME_PREFIX).rpartition("/")
+            by_reward.setdefault(reward, []).append((value, name))
+    parts = []
+    for reward, shares in sorted(by_reward.items()):
+        top = sorted(shares, key=lambda share: -share[0])[:shown]
+        parts.append(f"{reward}: " + ", ".join(f"{v:.0%} {name}" for v, name in top))
+    return "; ".join(parts)
+
+
 class RunProgressCallback(TrainerCallback):
     """Training as one task: step, mean reward (KL, held-out accuracy when logged), seconds per
     optimizer step and the time left at the mean pace of this session's steps."""
@@ -108,11 +126,14 @@ class RunProgressCallback(TrainerCallback):
         for key, fmt in self.LOGGED:
             if logs.get(key) is not None:
                 self._fields[key] = fmt.format(logs[key])
+        outcomes = outcome_summary(logs)
+        if outcomes:
+            self._fields["outcomes"] = outcomes
         self.task.update(status=self._status(state))
 
     def _status(self, state) -> str:
         parts = [self._fields[key] for key, _ in self.LOGGED if key in self._fields]
-        parts += [self._fields["s/step"]] if "s/step" in self._fields else []
+        parts += [self._fields[key] for key in ("outcomes", "s/step") if key in self._fields]
         done = state.global_step - self._first_step
         if 0 < done and state.global_step < state.max_steps:
             pace = (time.monotonic() - self._begin) / done

@@ -295,3 +295,23 @@ def test_use_liger_kernel_is_refused_in_one_line_before_anything_loads(tmp_path,
                             "use_liger_kernel: true\noutput_dir: out\n")  # fmt: skip
     with pytest.raises(RecipeError, match=message):
         check_recipe(load_recipe(path))
+
+
+def test_the_code_recipe_trains_on_generated_functions_and_holds_out_their_templates():
+    from grpo_plugin.app.splits import load_splits
+
+    recipe = load_recipe(ROOT / "recipes" / "code.yaml")
+    args = recipe.args
+    assert args.model == "embedded:smollm2-135m-instruct" and args.lora["r"] == 16
+    assert args.reward_funcs[0]["name"] == "code_tests"
+    assert args.reward_funcs[0]["params"]["isolation"] == "strict"  # never the rlimits level
+    splits = load_splits(args.dataset)
+    templates = [set(split["template"]) for split in (splits.train, splits.test, splits.validation)]
+    assert not templates[0] & templates[1] and not templates[0] & templates[2]
+    assert len(splits.test) == args.dataset["eval_size"]
+
+
+def test_humaneval_is_refused_as_training_data_in_one_line():
+    recipe = load_recipe(ROOT / "recipes" / "code.yaml", ["--dataset", "{name: humaneval}"])
+    with pytest.raises(RecipeError, match=r"humaneval is an evaluation set.*grpo-plugin eval"):
+        check_recipe(recipe)

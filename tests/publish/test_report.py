@@ -192,3 +192,38 @@ def test_the_page_renders_in_a_real_browser(run, tmp_path):
     shot = tmp_path / "shot.png"
     browser(page, tmp_path / "profile", f"--screenshot={shot}", "--window-size=1280,900")
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _with_outcomes(run: Path, last: dict[str, float]) -> None:
+    """Rewrite metrics.jsonl with code_tests' outcome shares: step 1 all syntax errors, the last
+    step `last`."""
+    prefix = "outcome/code_tests/"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()[:-1]]
+    for row in rows:
+        if "reward" in row:
+            shares = {"syntax_error": 1.0, "passed": 0.0} if row["step"] == 1 else last
+            row.update({prefix + k: v for k, v in shares.items()})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (apt-get install chromium)")
+def test_the_page_says_why_programs_failed(run, tmp_path):
+    _with_outcomes(run, {"syntax_error": 0.25, "passed": 0.75})
+    dom = browser(write_report(run), tmp_path / "profile", "--dump-dom")
+    assert re.search(r"<svg[^>]*aria-label=\"code_tests outcomes by step\"", dom)
+    row = re.search(r'<tr data-outcome="syntax_error">(.*?)</tr>', dom).group(1)
+    assert re.findall(r'class="num">([^<]*)<', row) == [
+        "100.0%",
+        "25.0%",
+        "50.0%",
+    ]  # (1 + .25 + .25) / 3
+    assert "At step 3 every program" not in dom  # the script holds the sentence, not "3"
+    _with_outcomes(run, {"syntax_error": 0.0, "passed": 0.0, "timeout": 1.0})
+    broken = browser(write_report(run), tmp_path / "profile2", "--dump-dom")
+    assert "At step 3 every program crashed or timed out" in broken
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (apt-get install chromium)")
+def test_a_run_without_outcomes_has_no_outcome_section(run, tmp_path):
+    dom = browser(write_report(run), tmp_path / "profile", "--dump-dom")
+    assert re.search(r'<section id="outcomes-section" hidden', dom)

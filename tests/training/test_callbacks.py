@@ -12,6 +12,7 @@ from rich.console import Console
 from grpo_plugin.training.callbacks import (
     RunProgressCallback,
     evaluation_progress,
+    outcome_summary,
     trainer_phase,
 )
 from grpo_plugin.training.progress import ProgressBoard
@@ -39,6 +40,24 @@ def test_training_lines_carry_step_reward_pace_and_time_left():
     assert lines[-1].startswith("Training: step 4/4 (4 steps in ")
     assert "kl" not in out.getvalue()  # not logged (beta = 0): not shown
     assert board.tasks == []
+
+
+def test_the_line_says_why_programs_failed():
+    out = io.StringIO()
+    board = ProgressBoard(
+        Console(file=out, force_terminal=False, width=200), live=False, interval=0
+    )
+    callback = RunProgressCallback(board)
+    state = SimpleNamespace(is_world_process_zero=True, global_step=1, max_steps=4)
+    callback.on_train_begin(None, state, None)
+    prefix = "outcome/code_tests/"
+    shares = {"passed": 0.0, "syntax_error": 0.5, "timeout": 0.125, "no_function": 0.375}
+    logs = {"reward": 0.0, **{prefix + k: v for k, v in shares.items()}}
+    callback.on_log(None, state, None, logs={**logs, "eval_" + prefix + "passed": 1.0})
+    line = out.getvalue().splitlines()[-1]
+    assert "code_tests: 50% syntax_error, 38% no_function, 12% timeout" in line
+    assert "passed" not in line  # a share of 0 is not shown, nor the evaluation's
+    assert outcome_summary({"reward": 1.0}) == ""
 
 
 def test_other_processes_show_nothing():
