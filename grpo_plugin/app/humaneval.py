@@ -8,8 +8,8 @@ an evaluation set: `grpo-plugin eval --dataset humaneval --reward code_tests`.
 A problem is a function signature and docstring (with any helpers and imports before it). A chat
 model is asked for the whole function, the way instruction-tuned models are evaluated on it:
 
-    user: Complete the following Python function. Write the whole function in a ```python code
-          block.
+    user: Complete the following Python function. Answer with the whole function in a ```python
+          code block.
 
           ```python
           <the problem's prompt>
@@ -28,8 +28,9 @@ from typing import Any
 
 from datasets import Dataset
 
-INSTRUCTION = (
-    "Complete the following Python function. Write the whole function in a ```python code block."
+INSTRUCTION = (  # the code task's instruction (code_tasks.INSTRUCTION), for the whole function
+    "Complete the following Python function. Answer with the whole function in a ```python code "
+    "block."
 )
 PROBLEM_COUNT = 164
 

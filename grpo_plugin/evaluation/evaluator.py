@@ -39,6 +39,7 @@ from ..models.policy import eval_mode
 from ..rollout.noise import KeyedNoise
 from ..rollout.prompts import sample_groups
 from ..rollout.types import GroupSampling, Rollout, SamplingParams
+from ..scoring.context import RewardContext
 from ..scoring.scorer import RewardChecks, RewardScorer
 from .setup import check_eval_options
 
@@ -235,7 +236,12 @@ class Evaluator:
         return {}
 
     def finish_local(self, totals: EvalTotals) -> None:
-        """Called on each process after its share, before the totals are gathered."""
+        """Called on each process after its share, before the totals are gathered: what the
+        reward logged (`log_metric`; `log_extra` has no table here and is dropped)."""
+        context = self.scorer.context
+        if context is not None:
+            context.pop_extra_columns()
+            totals.logged = context.pop_metric_values()
 
     def run(self, dataset: Any, accelerator: Any = None) -> EvalTotals:
         """The totals of `dataset` (see the module docstring for sharding)."""
@@ -353,7 +359,12 @@ def evaluate(
         )
     if len(dataset) == 0:
         raise ValueError("evaluate got an empty dataset; give it at least one held-out prompt")
-    scorer = RewardScorer((reward_fn,), torch.ones(1), runtime.checks or RewardChecks())
+    context = RewardContext(lambda: None)  # log_metric / log_extra; no trainer, no state
+    checks = runtime.checks or RewardChecks()
+    scorer = RewardScorer((reward_fn,), torch.ones(1), checks, context)
     engine = Evaluator(EvalTarget(model, tokenizer, runtime.tools), settings, scorer)
     engine.progress = runtime.progress
-    return _summary(engine.run(dataset, runtime.accelerator), settings)
+    totals = engine.run(dataset, runtime.accelerator)
+    logged = {key: sum(v) / len(v) for key, v in totals.logged.items() if v}
+    summary = _summary(totals, settings)
+    return {**summary, **{k: v for k, v in logged.items() if k not in summary}}

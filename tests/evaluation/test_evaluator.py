@@ -92,6 +92,7 @@ def test_evaluate_pass_at_k_counts_samples_per_prompt(tiny_model, tiny_tokenizer
     result = evaluate(tiny_model, tiny_tokenizer, _chat_dataset(2), reward, settings)
     # prompt "1": all 4 samples right -> 1; prompt "2": none right -> 0
     assert result["pass@2"] == pytest.approx(0.5)
+    assert result["pass@1"] == pytest.approx((4 / 4 + 0 / 4) / 2)  # the samples' share right
     assert result["num_samples"] == 4 and result["k"] == 2
     sampled = reward.calls[-1]
     assert sampled["answer"] == ["1"] * 4 + ["2"] * 4
@@ -224,3 +225,25 @@ def test_flat_options_map_onto_the_settings():
     sampled = EvalSettings.from_options({"k": 2, "num_samples": 4, "temperature": 0.5})
     assert (sampled.num_samples, sampled.pass_k, sampled.sampling.temperature) == (4, 2, 0.5)
     assert EvalSettings.from_options({"k": 3}).num_samples == 3  # num_samples defaults to k
+
+
+def test_what_a_reward_logs_is_in_the_result_averaged_over_its_completions(
+    tiny_model, tiny_tokenizer
+):
+    """`log_metric` reaches a reward outside a training run too (code_tests' outcomes);
+    `trainer_state` is None there, and a key of the result's own wins a clash."""
+    seen_states = []
+
+    def reward(prompts, completions, answer, log_metric, trainer_state, **kwargs):
+        seen_states.append(trainer_state)
+        for a in answer:
+            log_metric("outcome/r/one", float(a == "1"))
+            log_metric("accuracy", 7.0)
+        return [float(a == "1") for a in answer]
+
+    reward.runs_in_process = True  # it records into this process's list
+    result = evaluate(
+        tiny_model, tiny_tokenizer, _chat_dataset(4), reward, _settings(3, num_samples=0)
+    )
+    assert result["outcome/r/one"] == pytest.approx(1 / 4)
+    assert result["accuracy"] == pytest.approx(1 / 4) and set(seen_states) == {None}
