@@ -105,7 +105,7 @@ def trl_reference(opts) -> dict:
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
             cmd = [sys.executable, str(ROOT / "benchmarks" / "vs_trl.py"), "--configs", "short",
                    "--sequential", "--steps", str(opts.trl_steps), "--out", out.name,
-                   "--ours-torch-threads", "auto"]  # fmt: skip
+                   "--ours-torch-threads", "auto", "--trl-precisions", "fp32"]  # fmt: skip
             if load == "busy":
                 with BusyProcess():
                     subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)

@@ -167,7 +167,8 @@ def vs_trl_argv(opts, out: Path, big: bool) -> list[str]:
     if big:
         argv += ["--bf16", "--configs", "short", "--fixed-length", "--max-new-tokens", "128"]
     else:
-        argv += ["--configs", "short", "long", "--model-dir", embedded_dir(opts)]
+        argv += ["--configs", "short", "long", "--model-dir", embedded_dir(opts),
+                 "--trl-precisions", "fp32"]  # fmt: skip
     if opts.dry_run:  # one step each, 4 rows of 4 tokens, a 1-shot long prompt
         argv += ["--steps", "1", "--warmup", "0", "--max-new-tokens", "4", "--num-generations",
                  "4", "--prompts-per-step", "1", "--shots", "1"]  # fmt: skip

@@ -43,6 +43,7 @@ from vs_trl_child import (  # noqa: E402
     PREFIX,
     SHARED_ARGS,
     TRL_ARGS,
+    TRL_PRECISIONS,
     run_child,
 )
 
@@ -54,10 +55,10 @@ SPLIT_KEYS = ("micro_batch", "gradient_accumulation_steps", "logprob_chunk_size"
 class Child:
     """A benchmark subprocess; stderr goes to `log_path`, protocol lines come on stdout."""
 
-    def __init__(self, opts, trainer: str, log_path: Path, **overrides: Any):
+    def __init__(self, opts, trainer: str, log_path: Path, name: str | None = None, **overrides):
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--trainer", trainer]
         cmd += child_flags(opts, **overrides)
-        self.name, self.log = trainer, log_path.open("w")
+        self.name, self.log = name or trainer, log_path.open("w")
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True
         )
@@ -124,6 +125,7 @@ def child_flags(opts, **overrides: Any) -> list[str]:
         "ours_rollout_precision": opts.ours_rollout_precision,
         "ours_torch_threads": opts.ours_torch_threads,
         "ours_levers_off": opts.ours_levers_off,
+        "trl_precision": None,
         **overrides,
     }
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in values.items() if v is not None]
@@ -155,29 +157,51 @@ def summarise(steps: list[dict[str, float]], done: dict[str, Any], ready: dict[s
     }
 
 
+def trl_names(opts) -> dict[str, str]:
+    """The TRL children, by result name: `trl` in fp32, `trl-<precision>` for the others."""
+    return {("trl" if p == "fp32" else f"trl-{p}"): p for p in opts.trl_precisions}
+
+
 def drive_lockstep(opts, config: str, children: dict[str, Child]) -> dict[str, list]:
-    """One step of each child in turn (who goes first alternates); both stay resident."""
-    records: dict[str, list] = {name: [] for name in children}
+    """One step of each child in turn, the order rotating each round; all stay resident."""
+    names = list(children)
+    records: dict[str, list] = {name: [] for name in names}
     for step in range(opts.warmup + opts.steps):
-        order = ("ours", "trl") if step % 2 == 0 else ("trl", "ours")
-        for name in order:
+        shift = step % len(names)
+        for name in names[shift:] + names[:shift]:
             records[name].append(children[name].step())
         print(f"[{config}] step {step}: " + "  ".join(step_line(n, records[n][-1])
-                                                    for n in ("ours", "trl")), flush=True)  # fmt: skip
+                                                    for n in names), flush=True)  # fmt: skip
     return records
+
+
+def ratios(ours: list[dict], trl: list[dict], ours_peak: float, trl_peak: float) -> dict:
+    """Ours against one TRL child: the median of the pair-by-pair step ratios (pairs taken in the
+    same round, seconds apart), CPU time, peak memory and generated tokens/s."""
+    pairs = [o["step_s"] / t["step_s"] for o, t in zip(ours, trl)]
+    return {
+        "step_time_pairs": pairs,
+        "step_time": statistics.median(pairs),
+        "cpu_time": statistics.median(o["cpu_s"] / t["cpu_s"] for o, t in zip(ours, trl)),
+        "peak_memory": ours_peak / trl_peak,
+        "tokens_per_s": median_of(ours, "tokens_per_s") / median_of(trl, "tokens_per_s"),
+    }
 
 
 def run_pair(opts, config: str, log_dir: Path) -> dict[str, Any]:
     """Ours and TRL on one config (lockstep, or one after the other); pairs and their ratios."""
     new_tokens = opts.max_new_tokens or CONFIGS[config]["max_new_tokens"]
 
+    spawns = {"ours": None, **trl_names(opts)}
+
     def spawn(name: str) -> Child:
-        return Child(opts, name, log_dir / f"{config}-{name}.log", config=config,
-                     max_new_tokens=new_tokens)  # fmt: skip
+        trainer = "ours" if name == "ours" else "trl"
+        return Child(opts, trainer, log_dir / f"{config}-{name}.log", name=name, config=config,
+                     max_new_tokens=new_tokens, trl_precision=spawns[name])  # fmt: skip
 
     ready, done, records = {}, {}, {}
     if opts.sequential:  # only one trainer resident at a time: for jobs near the RAM limit
-        for name in ("ours", "trl"):
+        for name in spawns:
             child = spawn(name)
             try:
                 ready[name], records[name] = child.expect("ready"), []
@@ -191,23 +215,22 @@ def run_pair(opts, config: str, log_dir: Path) -> dict[str, Any]:
                       if n in done}  # fmt: skip
                 return {**ok, "failed": {name: str(err)}, "partial_steps": records.get(name, [])}
     else:
-        children = {name: spawn(name) for name in ("ours", "trl")}
+        children = {name: spawn(name) for name in spawns}
         ready = {name: child.expect("ready") for name, child in children.items()}
         records = drive_lockstep(opts, config, children)
         done = {name: child.finish() for name, child in children.items()}
     measured = {name: recs[opts.warmup :] for name, recs in records.items()}
     result = {name: summarise(measured[name], done[name], ready[name]) for name in records}
     result["schedule"] = "sequential" if opts.sequential else "lockstep"
-    pair_ratios = [o["step_s"] / t["step_s"] for o, t in zip(measured["ours"], measured["trl"])]
-    cpu_ratios = [o["cpu_s"] / t["cpu_s"] for o, t in zip(measured["ours"], measured["trl"])]
-    result["ratio"] = {
-        "step_time_pairs": pair_ratios,
-        "step_time": statistics.median(pair_ratios),
-        "cpu_time": statistics.median(cpu_ratios),
-        "peak_memory": result["ours"]["peak_mb"] / result["trl"]["peak_mb"],
-        "tokens_per_s": result["ours"]["median_tokens_per_s"]
-        / result["trl"]["median_tokens_per_s"],
-    }
+    trl = [name for name in spawns if name != "ours"]
+    result["ratios"] = {
+        name: ratios(measured["ours"], measured[name], result["ours"]["peak_mb"],
+                     result[name]["peak_mb"])
+        for name in trl
+    }  # fmt: skip
+    # The headline: against TRL's fastest precision here (by its median step).
+    result["fastest_trl"] = min(trl, key=lambda name: result[name]["median_step_s"])
+    result["ratio"] = result["ratios"][result["fastest_trl"]]
     target = TARGETS[config]
     result["targets"] = {
         "step_time": target["step"],
@@ -238,22 +261,24 @@ def run_scaling(opts, log_dir: Path) -> list[dict[str, Any]]:
 
 
 def format_pair_table(results: dict[str, dict]) -> str:
-    head = (f"{'config':<7} {'trainer':<7} {'micro x GA':>10} {'s/step':>8} {'gen':>7} "
-            f"{'score':>6} {'train':>7} {'tok/s':>7} {'peak MB':>8}  ratio ours/TRL (step, memory)")  # fmt: skip
+    head = (f"{'config':<7} {'trainer':<12} {'micro x GA':>10} {'s/step':>8} {'gen':>7} "
+            f"{'score':>6} {'train':>7} {'tok/s':>7} {'peak MB':>8}  ours/this (step, memory)")  # fmt: skip
     lines = [head, "-" * len(head)]
     for config, r in results.items():
         if "failed" in r:
             lines.append(f"{config:<7} failed: {r['failed']}")
             continue
-        for name in ("ours", "trl"):
+        for name in ("ours", *r["ratios"]):
             s = r[name]
             ratio = ""
-            if name == "ours":
-                ratio = f"  {r['ratio']['step_time']:.2f}x, {r['ratio']['peak_memory']:.2f}x"
-                ratio += "  (targets met)" if r["targets"]["met"] else "  (target MISSED)"
+            if name != "ours":
+                vs = r["ratios"][name]
+                ratio = f"  {vs['step_time']:.2f}x, {vs['peak_memory']:.2f}x"
+            if name == r["fastest_trl"]:
+                ratio += "  fastest TRL: targets " + ("met" if r["targets"]["met"] else "MISSED")
             split = f"{s['split']['micro_batch']} x {s['split']['gradient_accumulation_steps']}"
             lines.append(
-                f"{config:<7} {name:<7} {split:>10} {s['median_step_s']:>8.2f} "
+                f"{config:<7} {name:<12} {split:>10} {s['median_step_s']:>8.2f} "
                 f"{s['median_generate_s']:>7.2f} "
                 f"{s['median_score_s']:>6.3f} {s['median_train_s']:>7.2f} "
                 f"{s['median_tokens_per_s']:>7.1f} {s['peak_mb']:>8.0f}{ratio}"
@@ -325,6 +350,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--bf16", action="store_true",
                    help="bf16=True and bf16 weights for both (LoRA adapters stay fp32)")  # fmt: skip
+    p.add_argument("--trl-precisions", nargs="+", choices=sorted(TRL_PRECISIONS), default=None,
+                   help="TRL children, one per precision, all in lockstep with ours (default: "
+                        "fp32 and bf16 where the CPU or GPU has bf16 units, else fp32)")  # fmt: skip
     p.add_argument("--micro-batch", type=int, default=None,
                    help="rows per micro-batch for both (accumulation makes up the step)")  # fmt: skip
     p.add_argument("--ours-micro-batch", type=int, default=None,
@@ -371,11 +399,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--trainer", choices=["ours", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--config", choices=sorted(CONFIGS), help=argparse.SUPPRESS)
+    p.add_argument("--trl-precision", choices=sorted(TRL_PRECISIONS), help=argparse.SUPPRESS)
     return p.parse_args(argv)
+
+
+def has_bf16_units(device: str) -> bool:
+    import torch
+
+    if device == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    from grpo_plugin._compat import cpu_has_bf16_units
+
+    return bool(cpu_has_bf16_units())
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     opts = parse_args(argv)
+    if opts.trl_precisions is None and not opts.child:
+        fastest = not opts.bf16 and has_bf16_units(opts.device)  # --bf16: every child in bf16
+        opts.trl_precisions = ["fp32", "bf16"] if fastest else ["fp32"]
     if opts.child:
         run_child(opts)
         return None

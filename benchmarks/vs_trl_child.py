@@ -192,10 +192,30 @@ def time_trl_phases(trainer, probe: dict[str, float]) -> None:
     trainer._generate, trainer._calculate_rewards = timed_generate, timed_rewards
 
 
+# TRL's precisions on a CPU (`--trl-precisions`): fp32 (its default for this fp32 checkpoint);
+# `bf16=True` over fp32 weights (autocast: bf16 matrix products, fp32 master weights); bf16
+# weights with `bf16=True` (all products and weights in bf16, the LoRA adapters fp32).
+TRL_PRECISIONS = {
+    "fp32": {"bf16": False, "bf16_weights": False},
+    "autocast": {"bf16": True, "bf16_weights": False},
+    "bf16": {"bf16": True, "bf16_weights": True},
+}
+
+
+def precision(opts) -> dict[str, bool]:
+    """`bf16=` and the weights' dtype for this child: `--bf16` sets both for both trainers; a TRL
+    child's `--trl-precision` picks one of TRL_PRECISIONS."""
+    if opts.bf16:
+        return TRL_PRECISIONS["bf16"]
+    name = getattr(opts, "trl_precision", None) if opts.trainer == "trl" else None
+    return TRL_PRECISIONS[name or "fp32"]
+
+
 def model_init_kwargs(opts) -> dict[str, Any]:
     import torch
 
-    kwargs: dict[str, Any] = {"dtype": torch.bfloat16 if opts.bf16 else torch.float32}
+    bf16_weights = precision(opts)["bf16_weights"]
+    kwargs: dict[str, Any] = {"dtype": torch.bfloat16 if bf16_weights else torch.float32}
     if opts.load_in_4bit:
         from transformers import BitsAndBytesConfig
 
@@ -234,7 +254,7 @@ def build_trainer(opts, dataset, output_dir: str):
         "max_completion_length": opts.max_new_tokens,
         "max_steps": opts.warmup + opts.steps,
         "output_dir": output_dir,
-        "bf16": opts.bf16,
+        "bf16": precision(opts)["bf16"],
         "fp16": False,
         "use_cpu": opts.device == "cpu",
         "model_init_kwargs": model_init_kwargs(opts),

@@ -19,6 +19,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault(
     "GRPO_PLUGIN_CACHE", str(Path(__file__).resolve().parents[1] / ".cache" / "grpo-plugin")
 )
+# No evaluation result is reused across tests (subprocesses included): a test that reruns a recipe
+# sees it evaluated again; tests/evaluation/test_known_results.py turns the store on where it checks it.
+os.environ["GRPO_PLUGIN_EVAL_CACHE"] = "off"
 
 
 def pytest_collection_modifyitems(config, items):

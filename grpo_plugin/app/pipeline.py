@@ -32,7 +32,7 @@ from ..run import lock as run_lock
 from ..run.preemption import RunStopped, stop_on_signal
 from ..run.resume import ResumeRefused
 from ..training import progress
-from ..training.callbacks import evaluation_progress, trainer_phase
+from ..training.callbacks import trainer_phase
 from .data import dataset_hub_ids, dataset_label
 from .preflight import RecipeData, prepare_run
 from .recipe import Recipe, RecipeError, load_recipe, one_line
@@ -41,9 +41,8 @@ from .recipe_checks import (
     eval_metrics_fn,
     recipe_model_kwargs,
     recipe_tools,
-    resolve_rewards,
-    reward_specs,
 )
+from .recipe_eval import EvalCall, eval_reward, evaluate_split
 
 logger = logging.getLogger(__name__)
 
@@ -58,41 +57,6 @@ def run_recipe(recipe: Recipe | str | Path, overrides: Sequence[str] = ()) -> di
         recipe = load_recipe(recipe, overrides)
     rewards = check_recipe(recipe)
     return train_recipe(recipe, rewards, prepare_run(recipe, rewards))
-
-
-def _eval_reward(recipe: Recipe, rewards: list[Callable]) -> Callable:
-    spec = (recipe.args.eval or {}).get("reward")
-    if spec is None:
-        return rewards[0]
-    return resolve_rewards(recipe, reward_specs([spec]))[0]
-
-
-def _evaluate(trainer, dataset, reward_fn: Callable, recipe: Recipe, label: str) -> dict[str, Any]:
-    from ..evaluation.evaluator import EvalRuntime, EvalSettings, evaluate
-
-    c = recipe.config
-    spec = {k: v for k, v in (recipe.args.eval or {}).items() if k not in ("reward", "before")}
-    spec.setdefault("max_new_tokens", c.max_completion_length)
-    spec.setdefault("temperature", c.temperature)
-    spec.setdefault("seed", c.seed)
-    spec["max_prompt_length"] = c.max_prompt_length  # prompts encoded as in training
-    spec.update(
-        chat_template_kwargs=c.chat_template_kwargs, share_prompt_prefix=c.share_prompt_prefix
-    )
-    settings = EvalSettings.from_options(spec)
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    total = len(dataset) if trainer.accelerator.num_processes == 1 else None
-    with evaluation_progress(trainer, label, total) as advance:
-        runtime = EvalRuntime(
-            trainer.accelerator,  # sharded over the processes, then gathered
-            tools=trainer.tool_setup,  # the tools are available before and after alike
-            checks=trainer.rewards.checks,  # reward_timeout and the non-finite checks hold here
-            progress=advance,
-        )
-        result = evaluate(model, trainer.processing_class, dataset, reward_fn, settings, runtime)
-    keep = ("accuracy", "n", "tool_call_rate", "tool_calls")
-    keep += tuple(k for k in result if k.startswith("pass@"))
-    return {k: result[k] for k in keep if k in result}
 
 
 def _build_trainer(recipe: Recipe, rewards: list[Callable], data: RecipeData):
@@ -201,7 +165,8 @@ def summary_lines(evaluation: dict[str, Any], out: Path, question: str | None = 
         )
     for key in after:
         if key.startswith("pass@"):
-            lines.append(f"{key}: {_pct(before.get(key))} -> {_pct(after.get(key))}")
+            label = f"{key} (sampled)" if key == "pass@1" else key
+            lines.append(f"{label}: {_pct(before.get(key))} -> {_pct(after.get(key))}")
     best = evaluation.get("best_metric")
     if best and "best_step" in evaluation:
         split = "validation " if evaluation.get("curve_split") == "validation" else ""
@@ -254,10 +219,12 @@ def _before(trainer, recipe: Recipe, data: RecipeData, eval_fn: Callable, out: P
             return {key: previous[key] for key in keys}
     else:
         previous = {}
-    before = {"before": _evaluate(trainer, data.held_out, eval_fn, recipe, "eval before training")}
-    if data.validation is not None:  # step 0 of the validation curve
+    test = EvalCall(data.held_out, "eval before training", before=True)
+    before = {"before": evaluate_split(trainer, test, eval_fn, recipe)}
+    if data.validation is not None:  # step 0 of the validation curve: its greedy accuracy only
         label = "eval before training (validation)"
-        before["validation_before"] = _evaluate(trainer, data.validation, eval_fn, recipe, label)
+        validation = EvalCall(data.validation, label, greedy_only=True, before=True)
+        before["validation_before"] = evaluate_split(trainer, validation, eval_fn, recipe)
     if trainer.is_world_process_zero():
         accuracy = before["before"]["accuracy"]
         logger.info("Before training: held-out greedy accuracy %s", _pct(accuracy))
@@ -302,7 +269,7 @@ def _stages(
     held_out = data.held_out
     trainer = _load(recipe, rewards, data)
     out.mkdir(parents=True, exist_ok=True)
-    eval_fn = _eval_reward(recipe, rewards)
+    eval_fn = eval_reward(recipe, rewards)
     evaluation: dict[str, Any] = {
         "dataset": dataset_label(recipe.args.dataset),
         "reward": reward_fns.reward_name(eval_fn),
@@ -323,7 +290,8 @@ def _stages(
         trainer.save_model(str(out))
     if held_out is not None:
         stage.now = "the evaluation after training"
-        evaluation["after"] = _evaluate(trainer, held_out, eval_fn, recipe, "eval after training")
+        after = EvalCall(held_out, "eval after training")
+        evaluation["after"] = evaluate_split(trainer, after, eval_fn, recipe)
     watch = trainer.eval_watch.summary(trainer.args, trainer.state)
     evaluation.update(training_evaluations(watch, trainer.state, evaluation))
     stage.now = "writing eval.json, the curve, the model card and the report"

@@ -43,6 +43,7 @@ EVAL_KEYS = (
     "temperature",
     "success_threshold",
     "before",
+    "cache",
     "seed",
 )
 
@@ -145,8 +146,9 @@ def check_eval_spec(recipe: Recipe) -> dict[str, Any]:
         check_eval_options(spec, name=lambda key: f"eval.{key}")
     except ValueError as err:
         raise RecipeError(one_line(err)) from err
-    if not isinstance(spec.get("before", True), bool):
-        raise RecipeError(f"eval.before={spec['before']!r} must be true or false")
+    for key in ("before", "cache"):
+        if not isinstance(spec.get(key, True), bool):
+            raise RecipeError(f"eval.{key}={spec[key]!r} must be true or false")
     if spec.get("reward") is not None:
         reward = resolve_rewards(recipe, reward_specs([spec["reward"]]))
         columns = known_columns(recipe.args.dataset)

@@ -73,7 +73,8 @@ def _before_after(evaluation: dict[str, Any]) -> list[str]:
     ]
     for key in [k for k in {**before, **after} if k.startswith("pass@")]:
         b, a = before.get(key), after.get(key)
-        lines.append(f"| {key} | {_pct(b)} | {_pct(a)} | {_change(b, a)} |")
+        label = "pass@1 (sampled)" if key == "pass@1" else key
+        lines.append(f"| {label} | {_pct(b)} | {_pct(a)} | {_change(b, a)} |")
     return lines + [""]
 
 

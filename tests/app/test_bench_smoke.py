@@ -62,14 +62,35 @@ def test_ours_micro_batch_splits_ours_only(bench):
     }
 
 
+def test_precision_of_each_child(bench):
+    child = load_script(REPO_ROOT / "benchmarks" / "vs_trl_child.py", "vs_trl_child")
+
+    def of(trainer: str, *argv: str) -> dict[str, bool]:
+        return child.precision(bench.parse_args(["--child", "--trainer", trainer, *argv]))
+
+    assert of("trl") == {"bf16": False, "bf16_weights": False}
+    assert of("trl", "--trl-precision", "autocast") == {"bf16": True, "bf16_weights": False}
+    assert of("trl", "--trl-precision", "bf16") == {"bf16": True, "bf16_weights": True}
+    assert of("ours", "--trl-precision", "bf16") == {"bf16": False, "bf16_weights": False}
+    assert of("ours", "--bf16") == of("trl", "--bf16") == {"bf16": True, "bf16_weights": True}
+    opts = bench.parse_args(["--trl-precisions", "fp32", "autocast", "bf16"])
+    assert bench.trl_names(opts) == {"trl": "fp32", "trl-autocast": "autocast", "trl-bf16": "bf16"}
+    flags = bench.child_flags(opts, config="short", trl_precision="autocast")
+    assert bench.parse_args(["--child", "--trainer", "trl", *flags]).trl_precision == "autocast"
+
+
 def test_one_lockstep_step_of_each_trainer(bench, tiny_model_dir, tmp_path):
     out = tmp_path / "bench.json"
     argv = ["--configs", "short", "--model-dir", str(tiny_model_dir), "--steps", "1",
-            "--warmup", "0", "--max-new-tokens", "3", "--out", str(out)]  # fmt: skip
+            "--warmup", "0", "--max-new-tokens", "3", "--trl-precisions", "fp32", "bf16",
+            "--out", str(out)]  # fmt: skip
     bench.main(argv)
     report = json.loads(out.read_text())
     short = report["results"]["short"]
-    for name in ("ours", "trl"):
+    assert set(short["ratios"]) == {"trl", "trl-bf16"}
+    assert short["fastest_trl"] in short["ratios"]
+    assert short["ratio"] == short["ratios"][short["fastest_trl"]]
+    for name in ("ours", "trl", "trl-bf16"):
         s = short[name]
         assert len(s["steps"]) == 1
         assert s["median_step_s"] > 0 and s["peak_rss_mb"] >= s["setup_rss_mb"] > 50
@@ -99,7 +120,7 @@ def test_micro_batches_for_trl_and_the_autopilot_for_ours(bench, tiny_model_dir,
     out = tmp_path / "split.json"
     argv = ["--configs", "short", "--model-dir", str(tiny_model_dir), "--steps", "1",
             "--warmup", "0", "--max-new-tokens", "3", "--micro-batch", "4",
-            "--ours-auto-batch", "--out", str(out)]  # fmt: skip
+            "--ours-auto-batch", "--trl-precisions", "fp32", "--out", str(out)]  # fmt: skip
     bench.main(argv)
     short = json.loads(out.read_text())["results"]["short"]
     assert short["trl"]["split"]["micro_batch"] == 4

@@ -273,7 +273,7 @@ VALIDATION_RECIPE = """
 model: {model}
 dataset: {{name: arithmetic, train_size: 8, eval_size: 3, validation_size: 5}}
 reward_funcs: [last_integer]
-eval: {{k: 0, batch_size: 8}}
+eval: {{k: 2, batch_size: 8}}
 output_dir: {out}
 max_steps: 2
 eval_strategy: steps
@@ -301,6 +301,9 @@ def test_with_a_validation_split_training_evaluates_there_and_reports_on_test(
     assert saved["splits"] == {"train": 8, "validation": 5, "test": 3}
     assert saved["before"]["n"] == saved["after"]["n"] == 3  # the reported numbers: test
     assert saved["validation_before"]["n"] == 5
+    # pass@k on test, before and after; the validation split's step 0 is greedy only (the curve's)
+    assert "pass@2" in saved["before"] and "pass@2" in saved["after"]
+    assert not any(key.startswith("pass@") for key in saved["validation_before"])
     assert saved["curve_split"] == "validation"
     assert [(p["step"], p["n"]) for p in saved["curve"]] == [(0, 5), (1, 5), (2, 5)]
     assert saved["curve"][0]["accuracy"] == saved["validation_before"]["accuracy"]
