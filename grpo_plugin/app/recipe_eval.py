@@ -59,7 +59,12 @@ def evaluate_split(trainer, call: EvalCall, reward_fn: Callable, recipe: Recipe)
     settings = eval_settings(recipe, call.greedy_only)
     model = trainer.accelerator.unwrap_model(trainer.model)
     checks = trainer.rewards.checks  # reward_timeout and the non-finite checks hold here
-    key = _key(trainer, call, reward_fn, settings, recipe)
+    tokenizer = trainer.processing_class
+    key = None
+    if call.before and may_reuse(trainer, recipe):
+        key = known_results.evaluation_key(
+            model, tokenizer, call.dataset, reward_fn, settings, checks
+        )
     known = known_results.known_result(key) if key else None
     if known is not None:
         logger.info(
@@ -78,7 +83,6 @@ def evaluate_split(trainer, call: EvalCall, reward_fn: Callable, recipe: Recipe)
             checks=checks,
             progress=advance,
         )
-        tokenizer = trainer.processing_class
         result = evaluate(model, tokenizer, call.dataset, reward_fn, settings, runtime)
     keep = ("accuracy", "n", "tool_call_rate", "tool_calls")
     keep += tuple(k for k in result if k.startswith("pass@"))
@@ -88,20 +92,11 @@ def evaluate_split(trainer, call: EvalCall, reward_fn: Callable, recipe: Recipe)
     return kept
 
 
-def _key(trainer, call: EvalCall, reward_fn: Callable, settings, recipe: Recipe) -> str | None:
-    """The name of this evaluation's result where it may be reused (`may_reuse`), else None."""
-    from ..evaluation import known_results
-
-    if not (call.before and may_reuse(trainer, recipe)):
-        return None
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    checks = trainer.rewards.checks
-    tokenizer = trainer.processing_class
-    return known_results.evaluation_key(model, tokenizer, call.dataset, reward_fn, settings, checks)
-
-
 def may_reuse(trainer, recipe: Recipe) -> bool:
     """Whether an evaluation before training may be read from known_results: not turned off
-    (`eval: {cache: false}`), one process, no tools (their code is outside what the key sees)."""
-    wanted = (recipe.args.eval or {}).get("cache", True)
+    (`eval: {cache: false}`, `$GRPO_PLUGIN_EVAL_CACHE=off`: then no key is computed), one
+    process, no tools (their code is outside what the key sees)."""
+    from ..evaluation.known_results import store_dir
+
+    wanted = (recipe.args.eval or {}).get("cache", True) and store_dir() is not None
     return wanted and trainer.accelerator.num_processes == 1 and trainer.tool_setup is None

@@ -19,8 +19,7 @@ under a key that holds everything the numbers depend on:
 
 What the key cannot see is not cached: a reward of the user's own (it may read modules or files
 that change), tools (their code lives outside the package), several processes, weights on the
-`meta` device. A corrupt or
-unreadable entry is recomputed. `eval: {cache: false}` in a recipe turns this off.
+`meta` device. A corrupt or unreadable entry is recomputed. `eval: {cache: false}` in a recipe turns this off.
 """
 
 from __future__ import annotations
@@ -131,13 +130,9 @@ def where_it_runs(model: torch.nn.Module) -> dict[str, Any]:
         "transformers": transformers.__version__,
         "peft": peft.__version__,
         "device": str(device),
-        "machine": _gpu_name() if device.type == "cuda" else _cpu_name(),
+        "machine": torch.cuda.get_device_name() if device.type == "cuda" else _cpu_name(),
         "threads": torch.get_num_threads(),
     }
-
-
-def _gpu_name() -> str:
-    return torch.cuda.get_device_name()
 
 
 def _cpu_name() -> str:
@@ -160,8 +155,8 @@ def evaluation_key(
     """The digest that names this evaluation's result, or None when it cannot be known from
     what the key sees (see the module's docstring)."""
     reward = reward_identity(reward_fn)
-    weights = weights_fingerprint(model)
-    if reward is None or weights is None:
+    weights = weights_fingerprint(model) if reward is not None else None  # no hashing in vain
+    if weights is None:
         return None
     parts = {
         "weights": weights,
