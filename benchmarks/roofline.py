@@ -45,7 +45,9 @@ Work (element counts from the policy; a "product weight" is a weight of a matrix
 
 Each phase's floor is max(FLOP / peak of its dtype, bytes / triad bandwidth) (the roofline; the
 larger names its limit): the bf16 copy's products at the bf16 peak, the training products at
-the policy's dtype's (float32 by default). fraction = floor / seconds; gap = share of the step x
+the policy's dtype's (float32 by default), except with train_precision 'bf16', where the frozen
+base products (2 FLOP per base weight per token forward, 4 with the backward) are counted at
+the bf16 peak and the limit is the mix's ("float32+bf16"). fraction = floor / seconds; gap = share of the step x
 (1 - fraction), the step's share that running the phase at its limit would save. The report
 names the phase furthest from its limit (lowest fraction) and the one with the largest gap.
 Counted work is a floor (padding and recomputation are not counted), so fractions are too.
@@ -222,6 +224,7 @@ class Work:
     flops: float = 0.0
     bytes: float = 0.0
     dtype: str = "float32"  # the products' dtype: which peak applies
+    bf16_flops: float = 0.0  # of `flops`, those run in bf16 (train_precision 'bf16')
 
 
 def decode_work(shape: ModelShape, c: Counts, weight_bytes: int, dtype: str) -> Work:
@@ -248,8 +251,12 @@ def optimizer_work(shape: ModelShape) -> Work:
     return Work(bytes=float(ADAMW_BYTES * shape.trainable_params))
 
 
-def phase_work(shape: ModelShape, c: Counts, policy_dtype: torch.dtype) -> dict[str, Work]:
-    """Each phase's work in one step."""
+def phase_work(
+    shape: ModelShape, c: Counts, policy_dtype: torch.dtype, bf16_training: bool = False
+) -> dict[str, Work]:
+    """Each phase's work in one step. `bf16_training` (train_precision 'bf16'): the frozen base
+    products of the training forwards (2 FLOP per weight per token, 4 with the backward's dx) at
+    the bf16 peak, the rest (adapters, head, attention) at the policy dtype's."""
     policy = str(policy_dtype).removeprefix("torch.")
     rollout = "bfloat16" if c.copy_precision == "bf16" else policy  # fp16 copy: fp32 products
     copy_bytes = 2 if c.copy_precision else policy_dtype.itemsize
@@ -258,15 +265,24 @@ def phase_work(shape: ModelShape, c: Counts, policy_dtype: torch.dtype) -> dict[
         "decode": decode_work(shape, c, copy_bytes, rollout),
         "sync": sync_work(shape, c.syncs, copy_bytes),
         "scoring": Work(),
-        "logprobs": Work(flops=c.logprob_passes * forward_flops(shape, c.logprob), dtype=policy),
-        "forward_backward": Work(flops=train_flops(shape, c.train), dtype=policy),
+        "logprobs": Work(
+            flops=c.logprob_passes * forward_flops(shape, c.logprob),
+            dtype=policy,
+            bf16_flops=2.0 * shape.served * c.logprob.body * c.logprob_passes * bf16_training,
+        ),
+        "forward_backward": Work(
+            flops=train_flops(shape, c.train),
+            dtype=policy,
+            bf16_flops=4.0 * shape.served * c.train.body * bf16_training,
+        ),
         "optimizer": optimizer_work(shape),
     }
 
 
 def roofline(seconds: float, work: Work, limits: Limits) -> dict[str, Any]:
     """The phase's floor (the slower of compute and memory at their limits) against its time."""
-    compute_s = work.flops / limits.peak[work.dtype] if work.flops else 0.0
+    own = work.flops - work.bf16_flops  # FLOP at the dtype's peak, the rest at bf16's
+    compute_s = own / limits.peak[work.dtype] + work.bf16_flops / limits.peak["bfloat16"]
     memory_s = work.bytes / limits.bandwidth if work.bytes else 0.0
     floor = max(compute_s, memory_s)
     if floor == 0.0 or seconds <= 0.0:
@@ -275,6 +291,8 @@ def roofline(seconds: float, work: Work, limits: Limits) -> dict[str, Any]:
         limit, rate, limit_rate = "memory", work.bytes / seconds, limits.bandwidth
     else:
         limit, rate, limit_rate = work.dtype, work.flops / seconds, limits.peak[work.dtype]
+        if work.bf16_flops:  # mixed: the peak their mix would run at
+            limit, limit_rate = f"{work.dtype}+bf16", work.flops / compute_s
     return {"limit": limit, "rate": rate, "limit_rate": limit_rate, "fraction": floor / seconds}
 
 
@@ -483,8 +501,14 @@ def step_callback(trainer: Any, probe: Probe, records: list[dict[str, Any]]):
 
         def on_step_end(self, args, state, control, **kwargs):
             step_s = time.perf_counter() - self.start
+            precision = getattr(trainer, "train_precision", "fp32")  # older checkouts: fp32
             records.append(
-                {"step_s": step_s, "seconds": dict(probe.seconds), "counts": probe.counts}
+                {
+                    "step_s": step_s,
+                    "seconds": dict(probe.seconds),
+                    "counts": probe.counts,
+                    "train_precision": precision,
+                }
             )
 
         def on_log(self, args, state, control, logs=None, **kwargs):
@@ -506,7 +530,8 @@ def child_opts(opts: argparse.Namespace, config: str) -> argparse.Namespace:
                         "--warmup", str(opts.warmup), "--shots", str(opts.shots),
                         "--max-new-tokens", str(new_tokens),
                         "--num-generations", str(opts.num_generations),
-                        "--prompts-per-step", str(opts.prompts_per_step)])  # fmt: skip
+                        "--prompts-per-step", str(opts.prompts_per_step),
+                        "--ours-train-precision", opts.train_precision])  # fmt: skip
 
 
 def run_steps(opts: argparse.Namespace, config: str) -> tuple[list[dict], ModelShape, torch.dtype]:
@@ -532,7 +557,9 @@ def median(values: list[float]) -> float:
 
 def summarise(records: list[dict], shape: ModelShape, dtype: torch.dtype, limits: Limits) -> dict:
     """Median seconds and work per phase, each phase's roofline, the furthest and largest gap."""
-    works = [phase_work(shape, r["counts"], dtype) for r in records]
+    works = [
+        phase_work(shape, r["counts"], dtype, r.get("train_precision") == "bf16") for r in records
+    ]
     step_s = median([r["step_s"] for r in records])
     phases = {}
     for name in PHASES:
@@ -541,6 +568,7 @@ def summarise(records: list[dict], shape: ModelShape, dtype: torch.dtype, limits
             flops=median([w[name].flops for w in works]),
             bytes=median([w[name].bytes for w in works]),
             dtype=works[0][name].dtype,
+            bf16_flops=median([w[name].bf16_flops for w in works]),
         )
         share = seconds / step_s if step_s else 0.0
         line = {
@@ -609,6 +637,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--triad-mib", type=int, default=None,
                    help="the triad's 3 arrays together (default 4x L3, >= 256 MiB)")  # fmt: skip
     p.add_argument("--matmul-n", type=int, default=2048, help="the peak matmul's size")
+    p.add_argument("--train-precision", default="default", choices=["default", "fp32", "bf16"],
+                   help="ours: train_precision; 'default': the config's default")  # fmt: skip
     return p.parse_args(argv)
 
 

@@ -123,6 +123,7 @@ def child_flags(opts, **overrides: Any) -> list[str]:
         "ours_micro_batch": opts.ours_micro_batch,
         "ours_src": opts.ours_src,
         "ours_rollout_precision": opts.ours_rollout_precision,
+        "ours_train_precision": opts.ours_train_precision,
         "ours_torch_threads": opts.ours_torch_threads,
         "ours_levers_off": opts.ours_levers_off,
         "trl_precision": None,
@@ -365,6 +366,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    choices=["default", "policy", "auto", "bf16", "fp16"],
                    help="ours: rollout_precision (a bf16 / fp16 rollout copy, corrected); "
                         "'default': not passed, the config's default")  # fmt: skip
+    p.add_argument("--ours-train-precision", default="default",
+                   choices=["default", "fp32", "bf16"],
+                   help="ours: train_precision (bf16: the frozen base products in bf16, float32 "
+                        "master weights); 'default': not passed, the config's default")  # fmt: skip
     p.add_argument("--ours-compile-decode", action="store_true",
                    help="ours: compile_decode=True (a static cache, the decode step compiled)")  # fmt: skip
     p.add_argument("--ours-padded", action="store_true",

@@ -277,6 +277,8 @@ def build_trainer(opts, dataset, output_dir: str):
         auto = {"auto_find_batch_size": bool(opts.ours_auto_batch)}
         if opts.ours_rollout_precision != "default":  # the config's default, whatever it is
             auto["rollout_precision"] = opts.ours_rollout_precision
+        if opts.ours_train_precision != "default":  # not passed to an older checkout's config
+            auto["train_precision"] = opts.ours_train_precision
         if opts.ours_compile_decode:  # not passed to an older checkout's config
             auto["compile_decode"] = True
         if opts.ours_padded:  # not passed to an older checkout's config

@@ -170,6 +170,29 @@ def make_tiny_model(
     return LlamaForCausalLM(config).eval()
 
 
+def random_lora_model(**options):
+    """The tiny Llama (seed 0) with a LoRA r=4 adapter on every linear layer, B random too
+    (`init_lora_weights=False`: every product of the adapter is seen); `options` go to LoraConfig."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    model = make_tiny_model(make_tiny_tokenizer())
+    config = LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False, **options)
+    return get_peft_model(model, config)
+
+
+def logits_and_grads(model, ids):
+    """`model`'s logits on `ids` `(B, T)` and the gradients of a fixed weighted sum of them."""
+    import torch
+
+    model.zero_grad()
+    logits = model(input_ids=ids).logits  # (B, T, V)
+    (logits * torch.linspace(-1, 1, logits.numel()).view_as(logits)).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return logits.detach(), grads
+
+
 def make_tiny_reward_model(tokenizer, seed: int = 1, hidden: int = 32):
     """A tiny random LlamaForSequenceClassification (one logit) sized to the tokenizer."""
     import torch

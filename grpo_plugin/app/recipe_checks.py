@@ -215,12 +215,17 @@ def check_model_setup(recipe: Recipe) -> None:
     """The `lora` section, `model_init_kwargs` and a rollout copy against the load to come, as
     the trainer checks them (`models/setup_checks.py`), but before the data is read."""
     from ..models.policy import lora_config, model_init_kwargs
-    from ..models.setup_checks import check_copy_setup, check_reference_setup
+    from ..models.setup_checks import (
+        check_copy_setup,
+        check_reference_setup,
+        check_train_precision_setup,
+    )
 
     try:
         peft = lora_config(recipe.args.lora) if recipe.args.lora is not None else None
         init = model_init_kwargs(recipe_model_kwargs(recipe), bf16=bool(recipe.config.bf16))
         check_copy_setup(recipe.config, peft, init)
+        check_train_precision_setup(recipe.config, peft, init)
         check_reference_setup(recipe.config, peft)
     except (TypeError, ValueError) as err:
         raise RecipeError(one_line(err)) from err

@@ -31,6 +31,7 @@ MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 # generation_kwargs our sampler honours; a key naming a GRPOConfig field overrides it (as in TRL).
 SAMPLER_KWARGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 ROLLOUT_PRECISIONS = ("policy", "auto", "bf16", "fp16")
+TRAIN_PRECISIONS = ("fp32", "bf16")
 CACHE_IMPLEMENTATIONS = (None, "dynamic", "static")
 
 
@@ -233,6 +234,9 @@ def check_rollout(config: Any) -> None:
         )
     if config.rollout_precision is not None:  # None: the device's default (rollouts.py)
         _choice("rollout_precision", config.rollout_precision, ROLLOUT_PRECISIONS)
+    if config.train_precision is not None:  # None: the engine decides (PolicyEngine)
+        _choice("train_precision", config.train_precision, TRAIN_PRECISIONS)
+        _check_bf16_training(config)
     if config.cache_implementation not in CACHE_IMPLEMENTATIONS:
         raise ValueError(
             f"cache_implementation={config.cache_implementation!r} is not supported: the rollouts "
@@ -359,6 +363,41 @@ def set_run_defaults(config: Any) -> None:
         config.use_cpu = True
     if config.gradient_checkpointing and config.gradient_checkpointing_kwargs is None:
         config.gradient_checkpointing_kwargs = {"use_reentrant": False}
+
+
+def _check_bf16_training(config: Any) -> None:
+    """`train_precision='bf16'` against the rest of the config (the model's side:
+    models/setup_checks.py)."""
+    if config.train_precision != "bf16":
+        return
+    fix = "or set train_precision='fp32'"
+    if config.bf16 or config.fp16:
+        raise ValueError(
+            f"train_precision='bf16' with {'bf16' if config.bf16 else 'fp16'}=True: autocast "
+            "lowers every product already; keep one of the two (train_precision='bf16' keeps "
+            "float32 norms, attention and LM head)."
+        )
+    if config.gradient_checkpointing:
+        raise ValueError(
+            "train_precision='bf16' with gradient_checkpointing=True: the recompute runs outside "
+            f"the training forward's bf16 products; turn gradient_checkpointing off {fix}."
+        )
+    if not config.fast_paths:
+        raise ValueError(
+            "train_precision='bf16' with fast_paths=False: the bf16 products are a fast path "
+            f"(the fused LoRA layers); set fast_paths=True {fix}."
+        )
+    if _has_accelerator() and not config.use_cpu:
+        raise ValueError(
+            "train_precision='bf16' trains on a CPU only (the fused LoRA layers); on a GPU use "
+            "bf16=True (autocast) instead."
+        )
+    if cpu_has_bf16_units() is False:
+        raise ValueError(
+            "train_precision='bf16' on a CPU without AVX512-BF16 or AMX: bf16 products are "
+            "emulated there and slower than float32; set train_precision='fp32' (or leave it "
+            "unset)."
+        )
 
 
 def _has_accelerator() -> bool:

@@ -274,6 +274,18 @@ class GRPOConfig(ActivationCheckpointingFields, TrainingArguments):  # the forme
         "far it drifts. Evaluation always uses the policy.",
         None,
     )
+    train_precision: str | None = _help(
+        "The precision of the training forward's and backward's products with the frozen base "
+        "weights (LoRA). 'fp32': float32. 'bf16': the base products in bfloat16 from a bf16 "
+        "copy of the frozen weights, cast once; everything else (adapters and their gradients, "
+        "the optimizer, norms, attention, the LM head) stays float32, as do the master "
+        "weights. For CPUs with AVX512-BF16 or AMX, a plain LoRA (lora_dropout 0) on float32 "
+        "weights, fast_paths on, without bf16/fp16 autocast or gradient checkpointing; refused "
+        "elsewhere. None (the default): 'fp32' everywhere, because bf16 rounding makes the "
+        "result depend on how the batch is split over processes and micro-batches "
+        "(docs/configuration.md, 'bf16 products in training'). The trainer logs the choice.",
+        None,
+    )
     cache_implementation: str | None = _help(
         "The KV cache of the rollouts' decode loop (TRL's field, which TRL hands to transformers' "
         "generate). None or 'dynamic': our loop's default, the cache grows a column per token and "

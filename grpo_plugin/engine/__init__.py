@@ -14,19 +14,24 @@ peft through their public APIs.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
+from .._compat import cpu_has_bf16_units
+from .bf16_products import admit_layers
 from .decode import DecodeSettings
 from .forward import CompletionLogprobs, CompletionTokens, ForwardOptions, completion_logprobs
-from .fused_lora import fuse_lora_linears
+from .fused_lora import fuse_lora_linears, fused_layers
 from .levers import LEVERS, Levers, default_levers, fast_paths_from_env
 from .plan import DecodeAsk, decode_settings, levers_for
 from .prompt_grad import SharedPromptGrad
 from .rollout_copy import RolloutCopy
 from .vllm_engine import VllmEngine, VllmSettings, serving_dtype
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "LEVERS",
@@ -38,6 +43,7 @@ __all__ = [
     "ForwardOptions",
     "Levers",
     "PolicyEngine",
+    "TrainAsk",
     "VllmAsk",
     "VllmEngine",
     "completion_logprobs",
@@ -53,6 +59,15 @@ class CopyAsk:
     single_turn: bool
     sampling_correction: bool
     loss_takes_correction: bool  # the loss type's definition does not refuse the correction
+
+
+@dataclass(frozen=True)
+class TrainAsk:
+    """What a run asks of the training forward's products (GRPOConfig's fields)."""
+
+    requested: str | None  # train_precision: 'fp32', 'bf16' or None (the engine decides)
+    autocast: bool  # bf16=True or fp16=True: autocast decides the products' dtype instead
+    gradient_checkpointing: bool  # its recompute runs outside the training forward's context
 
 
 @dataclass(frozen=True)
@@ -125,6 +140,37 @@ class PolicyEngine:
         """Give the policy's LoRA layers the fused forward where that lever is on and admitted;
         returns how many layers took it."""
         return fuse_lora_linears(model) if self.levers.fused_lora else 0
+
+    def train_precision(self, ask: TrainAsk, model: torch.nn.Module) -> str:
+        """'bf16' where the training forward takes its frozen base products in bf16 (lever
+        `bf16_training`, bf16_products.py), else 'fp32'. Only when asked ('bf16'): None (the
+        default) is 'fp32' on every device, because bf16 rounding turns the float summation-order
+        differences between process layouts and micro-batch splits into differences of the
+        gradient (docs/configuration.md, "bf16 products"). 'bf16' needs the lever on (a CPU
+        plan, fast paths), a CPU with AVX512-BF16 or AMX, no autocast, no gradient
+        checkpointing and fused LoRA layers over frozen float32 weights whose check passes; the
+        config's checks (config/field_checks.py, models/setup_checks.py) refuse what they can see
+        before the model loads, and what only the loaded model shows (no layer fused, a check
+        refused) falls back to 'fp32' with a warning."""
+        if ask.requested != "bf16" or ask.autocast or ask.gradient_checkpointing:
+            return "fp32"
+        where = self.levers.bf16_training and self.device == "cpu" and cpu_has_bf16_units()
+        layers = admit_layers(model, fused_layers(model)) if where else 0
+        if layers:
+            logger.info(
+                "train_precision: bf16 products with the frozen weights of %d LoRA layers "
+                "(float32 master weights; train_precision='fp32' turns it off)",
+                layers,
+            )
+            return "bf16"
+        logger.warning(
+            "train_precision='bf16': %s; training in float32",
+            "no LoRA layer of this model can take bf16 products (none fused, or refused by the "
+            "check)"
+            if where
+            else "not on this device (a CPU with AVX512-BF16 or AMX and fast paths on)",
+        )
+        return "fp32"
 
     def options(self, **fields: Any) -> ForwardOptions:
         """`ForwardOptions` with this engine's levers."""

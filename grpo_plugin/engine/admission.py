@@ -2,7 +2,8 @@
 model, on the first batch it meets (engine/levers.py says what each compares, within what).
 
 A check runs without grad and with every module in eval mode (no dropout: both forms see the
-same function and no random numbers are drawn), then puts the modes back. It costs one more
+same function and no random numbers are drawn) and with float32 products (bf16_products.py),
+then puts the modes back. It costs one more
 forward of the first micro-batch per lever, once per model.
 """
 
@@ -14,6 +15,7 @@ from contextlib import contextmanager
 import torch
 
 from .._compat import set_training_flags, training_flags
+from .bf16_products import bf16_products
 from .levers import admitted, relative_difference, verdict
 
 __all__ = ["admit_frozen_head", "admit_hidden", "scaled_difference"]
@@ -26,7 +28,7 @@ def _checking(module: torch.nn.Module):
     flags = training_flags(module)
     set_training_flags(module, False)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), bf16_products(False):  # float32 forms on both sides
             yield
     finally:
         set_training_flags(module, flags)

@@ -25,6 +25,8 @@ per-token quantity of the GRPO objective (DeepSeekMath, eq. 3, https://arxiv.org
   prompts, they go inline at the start of that row and one forward runs both.
 - The shared prompt, the packing and the frozen head are levers (levers.py): each runs only
   where `options.levers` allows it and its admission check (admission.py) passed on the model.
+  `options.bf16_products` (train_precision 'bf16'): the body's fused LoRA layers take their
+  frozen base products in bf16 (lever `bf16_training`, bf16_products.py).
 - MoE router auxiliary loss (`return_aux_loss`): the plain forward runs with
   `output_router_logits=True` and the model's own load-balancing loss (Switch Transformer eqs. 4-6,
   https://arxiv.org/abs/2101.03961) is computed over the real prompt + completion tokens, as the
@@ -58,6 +60,7 @@ from .._compat import (
 from .._logging import warn_once
 from ..core.tensors import position_ids_from_mask
 from .admission import admit_frozen_head, admit_hidden
+from .bf16_products import bf16_products
 from .forward_types import CompletionLogprobs, CompletionTokens, ForwardOptions
 from .lm_head import chunk_logps, frozen_head_logps, is_frozen_linear
 from .padding_free import PackedRows, packed_hidden_with_prompts, packed_suffix_hidden
@@ -376,10 +379,11 @@ def completion_logprobs(
         return CompletionLogprobs(logps, entropy, aux_loss)
 
     keep_bnb_4bit_weights_trainable(model)
-    if options.return_aux_loss:
-        hidden, aux_loss = _router_hidden(model, tensors, options)
-    else:
-        hidden = _completion_hidden(model, tensors, options, shared_prompt)
+    with bf16_products(options.bf16_products and options.levers.bf16_training):
+        if options.return_aux_loss:
+            hidden, aux_loss = _router_hidden(model, tensors, options)
+        else:
+            hidden = _completion_hidden(model, tensors, options, shared_prompt)
     score_mask = tokens.score_mask
     real = tensors[3] if score_mask is None else score_mask[:, :width] * tensors[3]  # (N, T)
     real = real.bool()

@@ -37,6 +37,7 @@ class ForwardOptions:
     return_entropy: bool = False  # also the (N, Tc) entropies
     entropy_grad: bool = False  # ... with their gradient (else detached)
     return_aux_loss: bool = False  # also the MoE router load-balancing loss (plain forward)
+    bf16_products: bool = False  # the frozen base products in bf16 (train_precision 'bf16')
     levers: Levers = field(default_factory=default_levers)  # the fast paths it may take
 
 

@@ -13,7 +13,9 @@ copied that output first, one more pass per layer (log-probs and gradients equal
 Any case but the plain one runs peft's own forward, decided at each call: extra arguments (mixed
 adapter batches), adapters disabled or merged, a LoRA variant (DoRA, ...), dropout, a bias on B,
 an input of another dtype than the weights (peft casts it), hooks on the layers it would bypass,
-distributed (DTensor) weights, a base layer that is not a plain `nn.Linear` (4-bit, ...).
+distributed (DTensor) weights, a base layer that is not a plain `nn.Linear` (4-bit, ...). One
+exception: under bf16 products (`train_precision: bf16`, bf16_products.py) a layer with its
+adapters disabled (a LoRA policy's reference) runs its base product alone, in bf16 as the policy's.
 
 Admission (`fuse_lora_linears`): before any layer is fused, each plain layer's fused forward is
 run against peft's own on random input with its B set to random values (a fresh adapter's B is
@@ -27,9 +29,10 @@ from typing import Any
 
 import torch
 
+from .bf16_products import base_product
 from .levers import admitted, relative_difference
 
-__all__ = ["fuse_lora_linears"]
+__all__ = ["fuse_lora_linears", "fused_layers"]
 
 
 def fuse_lora_linears(model: torch.nn.Module) -> int:
@@ -48,6 +51,13 @@ def fuse_lora_linears(model: torch.nn.Module) -> int:
     for layer in layers:
         layer.forward = types.MethodType(_one_product_forward, layer)
     return len(layers)
+
+
+def fused_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The LoRA layers of `model` that took the one-product forward."""
+    return [
+        m for m in model.modules() if getattr(m.forward, "__func__", None) is _one_product_forward
+    ]
 
 
 @torch.no_grad()
@@ -81,13 +91,29 @@ def _one_product_forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) 
     """`(..., in)` -> `(..., out)`: peft's LoRA forward, in one `addmm` per active adapter."""
     adapters = None if args or kwargs else _plain_adapters(self, x)
     if adapters is None:
-        return type(self).forward(self, x, *args, **kwargs)
+        off = None if args or kwargs else _adapters_off_product(self, x)
+        return type(self).forward(self, x, *args, **kwargs) if off is None else off
     base = self.base_layer
     flat = x.reshape(-1, x.shape[-1])  # (tokens, in)
-    out = torch.nn.functional.linear(flat, base.weight, base.bias)  # (tokens, out)
+    out = base_product(self, base, flat)  # in bf16 under lever `bf16_training`, else None
+    if out is None:
+        out = torch.nn.functional.linear(flat, base.weight, base.bias)  # (tokens, out)
     for down, up, scale in adapters:  # (r, in), (out, r)
         out.addmm_(flat @ down.t(), up.t(), alpha=scale)  # += s (x A^T) B^T, in place
     return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def _adapters_off_product(self: Any, x: torch.Tensor) -> torch.Tensor | None:
+    """`(..., in)` -> `(..., out)`: peft's forward with the adapters disabled (the reference of a
+    LoRA policy), `base(x)`, where the base product runs in bf16 (bf16_products.py), so that the
+    policy and its reference share their products; else None."""
+    base = self.base_layer
+    if not self.disable_adapters or self.merged or type(base) is not torch.nn.Linear:
+        return None
+    if not (_plain(base) and _local(base.weight, base.bias)):
+        return None
+    out = base_product(self, base, x.reshape(-1, x.shape[-1]))  # (tokens, out) or None
+    return None if out is None else out.view(*x.shape[:-1], out.shape[-1])
 
 
 def _plain(module: torch.nn.Module) -> bool:

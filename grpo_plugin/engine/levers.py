@@ -1,8 +1,9 @@
 """The engine's fast paths ("levers"), which ones a run may take, and their admission checks.
 
 Every lever computes what the reference path computes (plain transformers + peft through their
-public APIs), faster. Each is named here, with where it applies, the check that admits it the
-first time it meets a model and the tolerance of that check (`LEVERS`). A lever whose check
+public APIs), faster; `packed_bf16` and `bf16_training` compute it in bf16, to bf16's rounding.
+Each is named here, with where it applies, the check that admits it the first time it meets a
+model and the tolerance of that check (`LEVERS`). A lever whose check
 fails is turned off for that model with one log line naming it and the measured difference;
 the run goes on, on the reference path.
 
@@ -94,6 +95,14 @@ LEVERS: dict[str, Lever] = {
         "one compiled step against the dynamic cache's eager step, from the same prefill",
         1e-3,
     ),
+    "bf16_training": Lever(
+        "engine/bf16_products.py",
+        "train_precision='bf16' (asked for; not the default), a CPU with AVX512-BF16 or AMX: "
+        "the fused LoRA layers' frozen base products in bf16 in the training forward and "
+        "backward, float32 master weights",
+        "every fused layer's bf16 product against its float32 product, on random input",
+        1e-2,
+    ),
     "cpu_memory_reuse": Lever(
         "engine/memory.py",
         "training on a CPU with glibc (cpu_memory_reuse)",
@@ -132,6 +141,7 @@ class Levers:
     shared_prefill: bool = True
     static_decode: bool = True
     compiled_decode: bool = True
+    bf16_training: bool = True
     cpu_memory_reuse: bool = True
 
     @classmethod

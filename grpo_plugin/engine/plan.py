@@ -25,7 +25,7 @@ from .levers import Levers, default_levers
 __all__ = ["DecodeAsk", "decode_settings", "levers_for"]
 
 # what a GPU gives up: the levers measured only on CPUs, or CPU-only by nature
-_CPU_ONLY = ("fused_lora", "frozen_head", "padding_free", "packed_bf16")
+_CPU_ONLY = ("fused_lora", "frozen_head", "padding_free", "packed_bf16", "bf16_training")
 
 
 def levers_for(device: torch.device | str, fast_paths: bool = True) -> Levers:

@@ -27,7 +27,13 @@ from .._compat import (
 )
 from ..engine.lm_head import cast_lm_head_to_fp32
 from .embedded import resolve_model_path
-from .setup_checks import check_copy_setup, check_lora, check_lora_keys, check_reference_setup
+from .setup_checks import (
+    check_copy_setup,
+    check_lora,
+    check_lora_keys,
+    check_reference_setup,
+    check_train_precision_setup,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +166,7 @@ def trainer_init_kwargs(
     check_reference_setup(args, peft)
     if isinstance(model, str):
         check_copy_setup(args, peft, kwargs)
+        check_train_precision_setup(args, peft, kwargs)
     return kwargs
 
 

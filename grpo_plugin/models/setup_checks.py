@@ -147,6 +147,34 @@ def check_copy_setup(args: Any, peft_config: Any, init_kwargs: dict[str, Any]) -
         )
 
 
+def check_train_precision_setup(args: Any, peft_config: Any, init_kwargs: dict[str, Any]) -> None:
+    """`train_precision='bf16'` against the load to come: it needs a plain LoRA adapter (its
+    products are the fused layers') over float32 base weights."""
+    if getattr(args, "train_precision", None) != "bf16":
+        return
+    fix = "or set train_precision='fp32'"
+    if peft_config is None:
+        raise ValueError(
+            "train_precision='bf16' without a LoRA adapter: its bf16 products are those of the "
+            f"frozen base weights; add a `lora` section (a peft_config) {fix}."
+        )
+    if _quantized(init_kwargs):
+        raise ValueError(
+            "train_precision='bf16' with a quantized base (load_in_4bit or a "
+            "quantization_config): the base products are 4-bit already; set train_precision='fp32'."
+        )
+    if init_kwargs.get("dtype") not in (None, "auto", torch.float32, "float32"):
+        raise ValueError(
+            f"train_precision='bf16' with model_init_kwargs dtype={init_kwargs.get('dtype')}: "
+            f"it lowers float32 base weights; load them in float32 {fix}."
+        )
+    if lora_variant_fields(peft_config) or getattr(peft_config, "lora_dropout", 0):
+        raise ValueError(
+            "train_precision='bf16' with lora_dropout > 0 or a LoRA variant: peft's own forward "
+            f"runs those layers, without bf16 products; use lora_dropout=0 and a plain LoRA {fix}."
+        )
+
+
 def check_against_model_config(
     args: Any, peft_config: Any, config: Any, init_kwargs: dict[str, Any]
 ) -> None:

@@ -35,7 +35,7 @@ from .. import distributed
 from ..config.field_checks import warn_on_loss_combinations
 from ..config.grpo_config import GRPOConfig
 from ..core.batching import identity_collate, shared_group_size
-from ..engine import CompletionLogprobs, CompletionTokens, PolicyEngine, cpu_threads
+from ..engine import CompletionLogprobs, CompletionTokens, PolicyEngine, TrainAsk, cpu_threads
 from ..engine.prompt_grad import SharedPromptGrad
 from ..evaluation.setup import check_eval_setup, eval_set_names, prefixed, resolve_eval_metrics
 from ..evaluation.watch import RewardHackingCallback
@@ -65,6 +65,12 @@ from .run_hooks import RunHooks
 from .sampling.rollouts import RolloutSampler
 from .sampling.tool_inputs import ToolInputs, fork_user_code_worker
 from .trl_attributes import TRLAttributes
+
+
+def train_ask(args: GRPOConfig) -> TrainAsk:
+    """What the config asks of the training forward's products (`PolicyEngine.train_precision`)."""
+    autocast = bool(args.bf16 or args.fp16)
+    return TrainAsk(args.train_precision, autocast, bool(args.gradient_checkpointing))
 
 
 class GRPOTrainer(TRLAttributes, TrainerLoaders, RunHooks, Trainer):
@@ -127,6 +133,7 @@ class GRPOTrainer(TRLAttributes, TrainerLoaders, RunHooks, Trainer):
             model, processing_class, peft_config, args, init_kwargs, self.model_name
         )
         self.engine.prepare_policy(model)  # the fused LoRA forward, admitted by its check
+        self.train_precision = self.engine.train_precision(train_ask(args), model)
         check_prompt_lengths_of(train_dataset, processing_class, model.config, args)
         self.ref_model = build_reference(model, args.beta)
         self.tool_setup = tool_inputs.setup(processing_class, args)  # the template is checked
@@ -302,6 +309,7 @@ class GRPOTrainer(TRLAttributes, TrainerLoaders, RunHooks, Trainer):
             return_entropy=entropy,
             entropy_grad=loss and objective.needs_entropy_grad,
             return_aux_loss=loss and objective.needs_aux_loss,
+            bf16_products=self.train_precision == "bf16",
         )
         tokens = CompletionTokens(
             batch.prompt_ids,

@@ -66,6 +66,22 @@ def test_roofline_takes_the_binding_limit(bench):
     bound = bench.roofline(2.0, bench.Work(flops=100e9, bytes=5e9, dtype="bfloat16"), limits)
     assert bound["limit"] == "memory" and bound["fraction"] == pytest.approx(0.25)
     assert bench.roofline(1.0, bench.Work(), limits)["fraction"] is None
+    # 100 GFLOP of which 80 in bf16: 20 / 100e9 + 80 / 400e9 = 0.4 s at the mix's limit
+    mixed = bench.roofline(0.8, bench.Work(flops=100e9, bf16_flops=80e9), limits)
+    assert mixed["limit"] == "float32+bf16" and mixed["fraction"] == pytest.approx(0.5)
+    assert mixed["limit_rate"] == pytest.approx(250e9)  # 100 GFLOP / 0.4 s
+
+
+def test_bf16_training_counts_the_frozen_base_products_at_the_bf16_peak(bench):
+    tokens = bench.Tokens(body=10, head=4, attended=0)
+    counts = bench.Counts(train=tokens, logprob=tokens, logprob_passes=1)
+    fp32 = bench.phase_work(shape(bench), counts, bench.torch.float32)
+    bf16 = bench.phase_work(shape(bench), counts, bench.torch.float32, bf16_training=True)
+    assert fp32["forward_backward"].bf16_flops == 0
+    assert bf16["forward_backward"].flops == fp32["forward_backward"].flops
+    served = shape(bench).served
+    assert bf16["forward_backward"].bf16_flops == 4 * served * 10  # dx and y per base weight
+    assert bf16["logprobs"].bf16_flops == 2 * served * 10
 
 
 def test_batch_tokens_count_each_shared_prompt_once(bench):

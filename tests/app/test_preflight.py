@@ -302,6 +302,34 @@ def test_what_failed_only_in_the_real_run_fails_in_dry_run_and_before_the_model_
     assert expected in capsys.readouterr().err
 
 
+BF16_TRAINING_REFUSED = [
+    ([], "train_precision='bf16' without a LoRA adapter"),
+    (["--lora.r", "4", "--lora.lora_dropout", "0.1"], "with lora_dropout > 0 or a LoRA variant"),
+    (["--lora.r", "4", "--load_in_4bit", "true"], "train_precision='bf16' with a quantized base"),
+    (["--lora.r", "4", "--bf16", "true"], "train_precision='bf16' with bf16=True: autocast"),
+    (["--lora.r", "4", "--gradient_checkpointing", "true"], "with gradient_checkpointing=True"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("flags", "expected"), BF16_TRAINING_REFUSED)
+def test_bf16_training_the_run_cannot_take_fails_in_dry_run_and_before_the_model_loads(
+    make, capsys, monkeypatch, flags, expected
+):
+    monkeypatch.setattr("grpo_plugin.config.field_checks.cpu_has_bf16_units", lambda: True)
+    flags = ["--train_precision", "bf16", *flags]
+    assert expected in dry_run(capsys, make(), *flags)
+    monkeypatch.setattr("grpo_plugin.models.policy.load_model", _no_load)
+    assert cli.main(["train", make(), *flags]) == 2
+    assert expected in capsys.readouterr().err
+    plain_lora = ["--train_precision", "bf16", "--lora.r", "4", "--dry-run"]
+    assert cli.main(["train", make(), *plain_lora]) == 0
+    assert ": OK (" in capsys.readouterr().out  # a plain LoRA passes
+
+
+def _no_load(*args, **kwargs):
+    raise AssertionError("a model was loaded before the recipe was refused")
+
+
 def test_a_hub_model_without_network_is_one_line_at_once(make, capsys, monkeypatch):
     # transformers retried the Hub for about a minute, then raised OSError (a traceback)
     from grpo_plugin.models import hub_access

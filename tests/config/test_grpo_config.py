@@ -1,5 +1,7 @@
 """GRPOConfig: TRL names, our defaults, and contradictions rejected with the fix in the message."""
 
+import re
+
 import pytest
 import torch
 
@@ -235,3 +237,26 @@ def test_a_tracker_that_is_not_installed_is_refused(tmp_path):
         pytest.skip("every tracker tried is installed here")
     with pytest.raises(ValueError, match=f"report_to='{missing}': its package is not installed"):
         make(tmp_path, report_to=missing)
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        (
+            {"train_precision": "int8"},
+            "train_precision='int8' is not supported; use one of fp32, bf16",
+        ),
+        ({"bf16": True}, "train_precision='bf16' with bf16=True: autocast"),
+        ({"gradient_checkpointing": True}, "with gradient_checkpointing=True: the recompute"),
+        ({"fast_paths": False}, "with fast_paths=False: the bf16 products are a fast path"),
+    ],
+)
+def test_bf16_training_against_the_rest_of_the_config(tmp_path, monkeypatch, kw, message):
+    monkeypatch.setattr("grpo_plugin.config.field_checks.cpu_has_bf16_units", lambda: True)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make(tmp_path, **{"train_precision": "bf16", **kw})
+    assert make(tmp_path, train_precision="bf16").train_precision == "bf16"
+    monkeypatch.setattr("grpo_plugin.config.field_checks.cpu_has_bf16_units", lambda: False)
+    with pytest.raises(ValueError, match="on a CPU without AVX512-BF16 or AMX"):
+        make(tmp_path, train_precision="bf16")
+    assert make(tmp_path).train_precision is None  # the default: the engine decides

@@ -8,8 +8,8 @@ import types
 
 import pytest
 import torch
-from conftest import make_tiny_model, make_tiny_tokenizer
-from peft import LoraConfig, get_peft_model
+from conftest import logits_and_grads, random_lora_model
+from peft import LoraConfig
 from peft.tuners.lora.layer import Linear as LoraLinear
 
 from grpo_plugin.engine import PolicyEngine
@@ -19,21 +19,6 @@ from grpo_plugin.models.policy import load_trainer_policy
 LAYERS = 14  # the tiny Llama: 2 decoder layers x (q, k, v, o, gate, up, down)
 
 pytestmark = pytest.mark.fast_paths  # asserts the fast path ran (or declined)
-
-
-def _lora(**options):
-    torch.manual_seed(0)
-    model = make_tiny_model(make_tiny_tokenizer())
-    config = LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False, **options)
-    return get_peft_model(model, config)
-
-
-def _run(model, ids):
-    model.zero_grad()
-    logits = model(input_ids=ids).logits  # (2, 7, V)
-    (logits * torch.linspace(-1, 1, logits.numel()).view_as(logits)).sum().backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    return logits.detach(), grads
 
 
 @pytest.fixture
@@ -51,14 +36,14 @@ def peft_calls(monkeypatch):
 
 
 def test_one_product_forward_matches_peft(peft_calls):
-    peft_model = _lora(lora_alpha=8)
+    peft_model = random_lora_model(lora_alpha=8)
     fused = copy.deepcopy(peft_model)
     assert fuse_lora_linears(fused) == LAYERS
     assert fuse_lora_linears(fused) == 0  # installed once
     ids = torch.randint(5, 40, (2, 7))
-    want_logits, want_grads = _run(peft_model, ids)
+    want_logits, want_grads = logits_and_grads(peft_model, ids)
     peft_calls.clear()
-    got_logits, got_grads = _run(fused, ids)
+    got_logits, got_grads = logits_and_grads(fused, ids)
     assert peft_calls == []  # every layer took the one-product path
     assert (got_logits - want_logits).abs().max() <= 1e-6 * want_logits.abs().max()
     assert got_grads.keys() == want_grads.keys() and len(got_grads) == 2 * LAYERS
@@ -68,7 +53,7 @@ def test_one_product_forward_matches_peft(peft_calls):
 
 
 def test_a_copy_keeps_the_forward_bound_to_its_own_layers():
-    model = _lora()
+    model = random_lora_model()
     fuse_lora_linears(model)
     twin = copy.deepcopy(model)
     layers = [m for m in twin.modules() if type(m) is LoraLinear]
@@ -121,7 +106,7 @@ def _mixed_batch(model, ids):
     ],
 )
 def test_cases_it_does_not_cover_run_peft_forward(peft_calls, options, case):
-    model = _lora(**options)
+    model = random_lora_model(**options)
     fuse_lora_linears(model)
     peft_calls.clear()  # the admission check's calls of peft's forward
     ids = torch.randint(5, 40, (2, 7))

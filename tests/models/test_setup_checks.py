@@ -128,3 +128,25 @@ def test_what_the_model_config_decides(tiny_model_dir, tmp_path):
         check_against_model_config(args, None, config, model_init_kwargs({"foo": 1}))
     good = model_init_kwargs({"attn_implementation": "eager", "use_cache": False})
     check_against_model_config(args, None, config, good)  # a config attribute is set, not passed
+
+
+def test_bf16_training_the_load_cannot_take_is_refused(tmp_path, monkeypatch):
+    from grpo_plugin.models.setup_checks import check_train_precision_setup
+
+    monkeypatch.setattr("grpo_plugin.config.field_checks.cpu_has_bf16_units", lambda: True)
+    args, plain, lora = (
+        tiny_config(tmp_path, train_precision="bf16"),
+        model_init_kwargs({}),
+        LoraConfig(r=4),
+    )
+    with pytest.raises(ValueError, match="train_precision='bf16' without a LoRA adapter"):
+        check_train_precision_setup(args, None, plain)
+    with pytest.raises(ValueError, match="with a quantized base"):
+        check_train_precision_setup(args, lora, model_init_kwargs({}, load_in_4bit=True))
+    with pytest.raises(ValueError, match="model_init_kwargs dtype=torch.bfloat16"):
+        check_train_precision_setup(args, lora, model_init_kwargs({"dtype": "bfloat16"}))
+    with pytest.raises(ValueError, match="lora_dropout > 0 or a LoRA variant"):
+        check_train_precision_setup(args, LoraConfig(r=4, lora_dropout=0.05), plain)
+    check_train_precision_setup(args, lora, plain)  # a plain LoRA over float32 weights
+    for precision in (None, "fp32"):  # never refused: None falls back to fp32 itself
+        check_train_precision_setup(tiny_config(tmp_path, train_precision=precision), None, plain)

@@ -439,3 +439,28 @@ def test_a_failed_micro_batch_leaves_no_prompt_held(tiny_tokenizer, tmp_path, mo
         trainer.train()
     assert held_then == [True, True]  # the group's prompt was held when it failed
     assert not trainer._held_prompt.holds_prompt and trainer._held_prompt.encodings == 1
+
+
+@pytest.mark.fast_paths  # the bf16 products are the fused LoRA layers' lever
+def test_bf16_training_keeps_float32_master_weights_and_the_kl_starts_at_0(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """train_precision='bf16': the LoRA policy's frozen products in bf16, against 'fp32' on the
+    same first rollout (the step's rewards are the same draws: the rollouts do not use them)."""
+    for module in ("grpo_plugin.config.field_checks", "grpo_plugin.engine"):
+        monkeypatch.setattr(f"{module}.cpu_has_bf16_units", lambda: True)
+    runs = {}
+    for precision in ("fp32", "bf16"):
+        trainer = make_trainer(tiny_tokenizer, tmp_path / precision, char_codes, peft=tiny_lora(),
+                               train_precision=precision, beta=0.04, max_steps=1,
+                               rollout_precision="policy")  # fmt: skip
+        assert trainer.train_precision == precision
+        trainer.train()
+        runs[precision] = trainer.state.log_history[0]
+        trained = [p for p in trainer.model.parameters() if p.requires_grad]
+        assert trained and {p.dtype for p in trained} == {torch.float32}
+    fp32, bf16 = runs["fp32"], runs["bf16"]
+    assert bf16["reward"] == fp32["reward"]  # the same rollout
+    assert bf16["kl"] == 0.0  # policy and reference share the bf16 products
+    assert bf16["grad_norm"] == pytest.approx(fp32["grad_norm"], rel=5e-2)
+    assert bf16["grad_norm"] != fp32["grad_norm"]  # the products did run in bf16
