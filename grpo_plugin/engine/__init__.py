@@ -154,7 +154,7 @@ class PolicyEngine:
         refused) falls back to 'fp32' with a warning."""
         if ask.requested != "bf16" or ask.autocast or ask.gradient_checkpointing:
             return "fp32"
-        where = self.levers.bf16_training and self.device == "cpu" and cpu_has_bf16_units()
+        where = self.levers.bf16_training and cpu_has_bf16_units()  # the lever: CPU plans only
         layers = admit_layers(model, fused_layers(model)) if where else 0
         if layers:
             logger.info(
